@@ -1,0 +1,248 @@
+"""Collectives on numpy arrays, each one resilient transaction (``ResilientComm.run``).
+
+Rules every collective follows so that a re-run on the survivors is correct:
+inputs are never written to (an attempt may have to be repeated), work that
+depends on the membership (splits, averaging, the broadcast root) is computed
+inside the attempt from the *current* communicator, and data-movement
+collectives travel as bytes so that every dtype (float16, bool...) is supported.
+"""
+
+import pickle
+
+import numpy as np
+
+from .ops import ReduceOp, mpi_op
+
+# Dtypes MPI reduces natively; float16 is reduced in float32 and cast back.
+_REDUCIBLE = {np.dtype(t) for t in (
+    np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32, np.int64, np.uint64,
+    np.float32, np.float64)}
+
+
+def _contiguous(array):
+    array = np.asarray(array)
+    return array if array.flags.c_contiguous else np.ascontiguousarray(array)
+
+
+def _as_bytes(array):
+    return array.reshape(-1).view(np.uint8)
+
+
+def _reduce_input(x, prescale_factor):
+    """What a rank contributes to a reduction: float16 widened, prescaled."""
+    if x.dtype == np.float16:
+        work = np.dtype(np.float32)
+    elif x.dtype in _REDUCIBLE:
+        work = x.dtype
+    else:
+        raise TypeError(f"cannot reduce arrays of dtype {x.dtype}")
+    send = x if work == x.dtype else x.astype(work)
+    if prescale_factor != 1.0:
+        send = (send * prescale_factor).astype(work, copy=False)
+    return send
+
+
+def _finish_reduce(out, dtype, divisor, postscale_factor):
+    """Average (divide by the live size) and postscale, then cast back to ``dtype``.
+
+    Integer results are floored, as integer division does.
+    """
+    if out.dtype.kind in "iu":
+        if postscale_factor != 1.0:
+            out = np.floor(out * postscale_factor).astype(out.dtype)
+        if divisor != 1:
+            out //= divisor
+    elif postscale_factor / divisor != 1.0:
+        out *= out.dtype.type(postscale_factor / divisor)
+    return out.astype(dtype, copy=False)
+
+
+def even_splits(rows, parts):
+    """Split ``rows`` into ``parts`` counts, the first ranks taking one extra row."""
+    base, extra = divmod(rows, parts)
+    return [base + (1 if i < extra else 0) for i in range(parts)]
+
+
+class CollectivesMixin:
+    """The collectives of :class:`~elastic_hvd.core.comm.ResilientComm`."""
+
+    def allreduce(self, array, op=ReduceOp.SUM, prescale_factor=1.0, postscale_factor=1.0,
+                  out=None):
+        """Reduce ``array`` over all live ranks; Average divides by the live size.
+
+        ``out`` (optional, not aliasing ``array``) receives the result and saves an
+        allocation per call.  Integer averages are floored.
+        """
+        x = _contiguous(array)
+        op = ReduceOp(op)
+        signature = ("allreduce", x.dtype.str, x.shape, int(op),
+                     float(prescale_factor), float(postscale_factor))
+        MPI = self.MPI
+
+        def attempt(comm):
+            send = _reduce_input(x, prescale_factor)
+            if out is not None and (out.shape != x.shape or out.dtype != x.dtype):
+                raise ValueError(f"out has shape {out.shape} and dtype {out.dtype}; "
+                                 f"expected {x.shape} and {x.dtype}")
+            target = out if out is not None and send.dtype == out.dtype else np.empty_like(send)
+            comm.Allreduce(send, target, op=mpi_op(MPI, op))
+            return target, comm.size
+
+        result, size = self.run(signature, attempt)
+        result = _finish_reduce(result, x.dtype, size if op is ReduceOp.AVERAGE else 1,
+                                postscale_factor)
+        if out is not None and result is not out:
+            out[...] = result
+            return out
+        return result
+
+    def allgather(self, array):
+        """Concatenate every rank's ``array`` along the first axis (sizes may differ)."""
+        x = _contiguous(array)
+        if x.ndim == 0:
+            x = x.reshape(1)
+        signature = ("allgather", x.dtype.str, x.shape[1:])
+        row_bytes = x.dtype.itemsize * int(np.prod(x.shape[1:], dtype=np.int64))
+
+        def attempt(comm):
+            rows = np.empty(comm.size, dtype=np.int64)
+            comm.Allgather(np.array([x.shape[0]], dtype=np.int64), rows)
+            result = np.empty((int(rows.sum()),) + x.shape[1:], dtype=x.dtype)
+            comm.Allgatherv(_as_bytes(x), [_as_bytes(result), rows * row_bytes])
+            return result
+
+        return self.run(signature, attempt)
+
+    def broadcast(self, array, root_rank=0):
+        """``array`` of ``root_rank`` on every rank.
+
+        If the root dies before the broadcast completes everywhere, the lowest
+        surviving rank becomes the root and its ``array`` is broadcast instead.
+        The root gets its own ``array`` back (not a copy).
+        """
+        x = _contiguous(array)
+        signature = ("broadcast", x.dtype.str, x.shape, int(root_rank))
+        ids = self.ids
+
+        def attempt(comm):
+            root = self._root(ids, root_rank)
+            if comm.rank == root:
+                comm.Bcast(_as_bytes(x), root=root)
+                return x
+            result = np.empty_like(x)
+            comm.Bcast(_as_bytes(result), root=root)
+            return result
+
+        return self.run(signature, attempt)
+
+    def alltoall(self, array, splits=None):
+        """Send ``splits[i]`` consecutive rows of ``array`` to rank ``i``.
+
+        Returns ``(received, received_splits)``.  Without ``splits`` the first
+        dimension must divide evenly by the size.  If ranks die during the call,
+        the rows meant for them are dropped and the survivors exchange the rest.
+        """
+        x = _contiguous(array)
+        if x.ndim == 0:
+            x = x.reshape(1)
+        signature = ("alltoall", x.dtype.str, x.shape[1:], splits is None)
+        row_bytes = x.dtype.itemsize * int(np.prod(x.shape[1:], dtype=np.int64))
+        dest_ids = self.ids
+
+        def attempt(comm):
+            starts, counts = _alltoall_layout(x.shape[0], splits, dest_ids)
+            ids = self.ids
+            send_rows = np.array([counts[i] for i in ids], dtype=np.int64)
+            if ids == dest_ids:
+                send = x
+            else:
+                send = np.concatenate([x[starts[i]:starts[i] + counts[i]] for i in ids])
+            recv_rows = np.empty(comm.size, dtype=np.int64)
+            comm.Alltoall(send_rows, recv_rows)
+            result = np.empty((int(recv_rows.sum()),) + x.shape[1:], dtype=x.dtype)
+            comm.Alltoallv([_as_bytes(send), send_rows * row_bytes],
+                           [_as_bytes(result), recv_rows * row_bytes])
+            return result, recv_rows
+
+        return self.run(signature, attempt)
+
+    def reducescatter(self, array, op=ReduceOp.SUM, prescale_factor=1.0, postscale_factor=1.0):
+        """Reduce ``array`` and give rank ``i`` the ``i``-th block of its first axis.
+
+        Blocks follow :func:`even_splits` of the live size (lower ranks get the
+        extra rows).
+        """
+        x = _contiguous(array)
+        op = ReduceOp(op)
+        signature = ("reducescatter", x.dtype.str, x.shape, int(op),
+                     float(prescale_factor), float(postscale_factor))
+        row = int(np.prod(x.shape[1:], dtype=np.int64))
+        MPI = self.MPI
+
+        def attempt(comm):
+            if x.ndim == 0:
+                raise ValueError("reducescatter needs an array with at least one dimension")
+            send = _reduce_input(x, prescale_factor)
+            rows = even_splits(x.shape[0], comm.size)
+            result = np.empty((rows[comm.rank],) + x.shape[1:], dtype=send.dtype)
+            comm.Reduce_scatter(send, result, [r * row for r in rows], op=mpi_op(MPI, op))
+            return result, comm.size
+
+        result, size = self.run(signature, attempt)
+        return _finish_reduce(result, x.dtype, size if op is ReduceOp.AVERAGE else 1,
+                              postscale_factor)
+
+    def barrier(self):
+        self.run(("barrier",), lambda comm: comm.Barrier())
+
+    def broadcast_object(self, obj, root_rank=0):
+        """Any picklable ``obj`` of ``root_rank`` on every rank (root rule as :meth:`broadcast`)."""
+        ids = self.ids
+
+        def attempt(comm):
+            root = self._root(ids, root_rank)
+            payload = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL) if comm.rank == root else b""
+            length = np.array([len(payload)], dtype=np.int64)
+            comm.Bcast(length, root=root)
+            data = np.frombuffer(payload, dtype=np.uint8) if comm.rank == root \
+                else np.empty(int(length[0]), dtype=np.uint8)
+            comm.Bcast(data, root=root)
+            return obj if comm.rank == root else pickle.loads(data.tobytes())
+
+        return self.run(("broadcast_object", int(root_rank)), attempt)
+
+    def allgather_object(self, obj):
+        """List of every rank's picklable ``obj``, in rank order."""
+        payload = np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), dtype=np.uint8)
+
+        def attempt(comm):
+            lengths = np.empty(comm.size, dtype=np.int64)
+            comm.Allgather(np.array([payload.size], dtype=np.int64), lengths)
+            data = np.empty(int(lengths.sum()), dtype=np.uint8)
+            comm.Allgatherv(payload, [data, lengths])
+            bounds = np.concatenate([[0], np.cumsum(lengths)])
+            return [pickle.loads(data[a:b].tobytes()) for a, b in zip(bounds[:-1], bounds[1:])]
+
+        return self.run(("allgather_object",), attempt)
+
+    def _root(self, ids, root_rank):
+        """Current rank of the root (``root_rank`` among ``ids``); 0 if it is gone."""
+        if not 0 <= int(root_rank) < len(ids):
+            raise ValueError(f"root rank {root_rank} is out of range for {len(ids)} ranks")
+        root_id = ids[int(root_rank)]
+        return self.ids.index(root_id) if root_id in self.ids else 0
+
+
+def _alltoall_layout(rows, splits, dest_ids):
+    """(first row, row count) per destination original id."""
+    if splits is None:
+        if rows % len(dest_ids):
+            raise ValueError(f"alltoall: first dimension {rows} does not divide evenly "
+                             f"by {len(dest_ids)} ranks; pass splits")
+        splits = [rows // len(dest_ids)] * len(dest_ids)
+    splits = np.asarray(splits, dtype=np.int64).reshape(-1)
+    if splits.size != len(dest_ids) or splits.sum() != rows or (splits < 0).any():
+        raise ValueError(f"alltoall: splits {splits.tolist()} must have one non-negative "
+                         f"entry per rank ({len(dest_ids)}) summing to {rows}")
+    starts = np.concatenate([[0], np.cumsum(splits)[:-1]])
+    return dict(zip(dest_ids, starts.tolist())), dict(zip(dest_ids, splits.tolist()))

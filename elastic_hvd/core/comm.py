@@ -1,0 +1,266 @@
+"""The resilient communicator: collectives with one outcome on every survivor.
+
+ULFM reports a process failure *non-uniformly*: a collective can complete on one
+rank and fail on another.  So every collective here is a small transaction::
+
+    [slow path only] agree(PRE)  +  exact signature exchange
+    attempt the MPI collective     (on error: revoke, so nobody stays blocked)
+    agree(POST | outcome bits)     (ULFM's fault-tolerant agreement: a bitwise AND)
+
+and *every* decision after it -- return the result, repair and retry, raise --
+is taken from the agreed value, never from local knowledge.  A process failure
+makes the agreement fail on all survivors alike; they then revoke, shrink and
+re-run the collective among themselves, so a result never mixes the dead rank's
+contribution on one rank with a survivors-only result on another.
+
+The slow path runs only when a call's signature differs from what the call
+history predicts (see :mod:`.signature`); a rank on the slow path that waits too
+long for the others revokes the communicator, which frees any rank that went on
+to a data transfer: its agreement then shows the phase mix and every rank raises
+:class:`MismatchError` instead of hanging.
+"""
+
+import os
+import signal
+import socket
+import sys
+import time
+import traceback
+
+import numpy as np
+
+from . import faults
+from .collectives import CollectivesMixin
+from .errors import MismatchError, RanksBelowMinimumError, RemoteCollectiveError
+from .membership import Listeners, MembershipEvent
+from .signature import SignaturePredictor
+
+# Bits of the agreement flag (MPI_Comm_agree computes their AND over survivors).
+_OK = 1      # the attempt completed on this rank
+_CLEAN = 2   # no error here other than a process failure or a revocation
+_PRE = 4     # contributed before the data transfer (slow path)
+_POST = 8    # contributed after the data transfer
+
+
+class ResilientComm(CollectivesMixin):
+    """An MPI communicator whose collectives survive the loss of ranks.
+
+    ``ids`` maps each current rank to its *original id* (its rank when the
+    communicator was created), which stays stable across repairs.
+    """
+
+    def __init__(self, MPI, comm, *, min_np=1, mismatch_timeout=5.0, elastic=True,
+                 heartbeat=None):
+        self.MPI = MPI
+        self._failure_classes = (MPI.ERR_PROC_FAILED, MPI.ERR_PROC_FAILED_PENDING,
+                                 MPI.ERR_REVOKED)
+        self._comm = comm.Dup()
+        self._comm.Set_errhandler(MPI.ERRORS_RETURN)
+        self.original_id = self._comm.rank
+        self._ids = list(range(self._comm.size))
+        self._procs = self._comm.allgather((socket.gethostname(), os.getpid()))
+        self.initial_size = self._comm.size
+        self.min_np = int(min_np)
+        self.mismatch_timeout = float(mismatch_timeout)
+        self.elastic = elastic
+        self.listeners = Listeners()
+        self.events = []
+        self._predictor = SignaturePredictor()
+        self._below_min = None
+        self._heartbeat = heartbeat
+        if self.size < self.min_np:
+            raise RanksBelowMinimumError(self.size, self.min_np, ())
+
+    # -- membership ---------------------------------------------------------------
+    @property
+    def rank(self):
+        return self._comm.rank
+
+    @property
+    def size(self):
+        return self._comm.size
+
+    @property
+    def ids(self):
+        """Original id of each current rank."""
+        return tuple(self._ids)
+
+    @property
+    def mpi_comm(self):
+        """The current (repaired) mpi4py communicator.  It changes after a failure."""
+        return self._comm
+
+    def hosts(self):
+        """Host name of each current rank."""
+        return [self._procs[i][0] for i in self._ids]
+
+    # -- the transaction ----------------------------------------------------------
+    def run(self, signature, attempt):
+        """Run ``attempt(mpi_comm) -> result`` as one resilient collective.
+
+        Every surviving rank returns the same result (computed by the survivors
+        alone if a rank died during the call) or raises the same error.
+        ``signature`` must be equal on all ranks for a matching call and is
+        checked cheaply (see module doc); ``None`` skips the check, for internal
+        exchanges that all ranks are known to make together.
+        """
+        if self._below_min is not None:
+            raise self._below_min
+        if signature is not None:
+            faults.at_collective()
+        if self._heartbeat is None:
+            return self._run(signature, attempt)
+        self._heartbeat.enter()
+        try:
+            return self._run(signature, attempt)
+        finally:
+            self._heartbeat.leave()
+
+    def _run(self, signature, attempt):
+        while True:
+            started = time.perf_counter()
+            comm = self._comm
+            if signature is not None and not self._predictor.expects(signature):
+                pre = self._agree(comm, _OK | _CLEAN | _PRE, self.mismatch_timeout)
+                if pre is None:
+                    self._repair(started)
+                    continue
+                if pre & _POST or not pre & _PRE:
+                    self._mismatch(signature)
+                signatures = self.run(None, lambda c: c.allgather(signature))
+                if any(s != signature for s in signatures):
+                    raise MismatchError(signatures)
+                comm = self._comm  # the exchange may have repaired it
+            flag, result, error = self._attempt(comm, attempt)
+            agreed = self._agree(comm, flag | _POST)
+            if agreed is None:
+                self._repair(started)
+                continue
+            if agreed & _PRE or not agreed & _POST:
+                self._mismatch(signature)
+            if agreed & _OK:
+                if signature is not None:
+                    self._predictor.record(signature)
+                return result
+            if not agreed & _CLEAN:
+                self._raise_application_error(error if not flag & _CLEAN else None)
+            self._repair(started)
+
+    def _attempt(self, comm, attempt):
+        try:
+            return _OK | _CLEAN, attempt(comm), None
+        except self.MPI.Exception as exc:
+            self._revoke(comm)
+            clean = exc.Get_error_class() in self._failure_classes
+            return (_CLEAN if clean else 0), None, exc
+        except Exception as exc:  # a local error must not leave the others blocked
+            self._revoke(comm)
+            return 0, None, exc
+
+    def _agree(self, comm, flag, timeout=None):
+        """Agreed AND of ``flag``; None when a process failure interrupted it.
+
+        With ``timeout``, a rank that waits longer revokes ``comm`` (see module doc).
+        """
+        buf = np.array([flag], dtype=np.intc)
+        try:
+            request = comm.Iagree(buf)
+            if timeout is None:
+                request.Wait()
+            elif not _wait(request, timeout):
+                self._revoke(comm)
+                request.Wait()
+        except self.MPI.Exception as exc:
+            if exc.Get_error_class() in self._failure_classes:
+                return None
+            raise
+        return int(buf[0])
+
+    def _revoke(self, comm):
+        try:
+            if not comm.Is_revoked():
+                comm.Revoke()
+        except self.MPI.Exception:
+            pass
+
+    # -- repair -------------------------------------------------------------------
+    def _repair(self, started):
+        """Revoke, shrink to the survivors, record and announce who was lost."""
+        MPI = self.MPI
+        detected = time.perf_counter()
+        old, old_ids = self._comm, self._ids
+        self._revoke(old)
+        new = old.Shrink()
+        new.Set_errhandler(MPI.ERRORS_RETURN)
+        positions = new.Get_group().Translate_ranks(list(range(new.size)), old.Get_group())
+        self._comm, self._ids = new, [old_ids[p] for p in positions]
+        repaired = time.perf_counter()
+        try:
+            old.Free()
+        except MPI.Exception:
+            pass
+        lost = tuple(sorted(set(old_ids) - set(self._ids)))
+        if not lost:
+            return
+        self._fence(lost)
+        event = MembershipEvent(
+            old_size=len(old_ids), new_size=new.size, lost=lost,
+            detect_s=detected - started, repair_s=repaired - detected,
+            sequence=len(self.events) + 1)
+        self.events.append(event)
+        self._notify(event)
+        if new.size < self.min_np:
+            self._below_min = RanksBelowMinimumError(new.size, self.min_np,
+                                                     [i for e in self.events for i in e.lost])
+            raise self._below_min
+
+    def _fence(self, lost):
+        """Make sure evicted processes are gone (a hung rank must not come back).
+
+        The lowest survivor on each host kills the lost processes of its host;
+        that also lets ``mpirun`` exit once the survivors are done.
+        """
+        host = self._procs[self.original_id][0]
+        local = [i for i in self._ids if self._procs[i][0] == host]
+        if local and local[0] == self.original_id:
+            for i in lost:
+                lost_host, pid = self._procs[i]
+                if lost_host == host:
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except OSError:
+                        pass
+
+    def _notify(self, event):
+        try:
+            self.listeners.notify(event)
+        except Exception:  # a listener must not break the agreed control flow
+            print(f"elastic_hvd: a membership listener failed on rank {self.rank}:",
+                  file=sys.stderr)
+            traceback.print_exc()
+
+    # -- errors every rank raises ---------------------------------------------------
+    def _mismatch(self, signature):
+        self._repair(time.perf_counter())  # drop whatever a mismatched transfer left
+        raise MismatchError(self.run(None, lambda c: c.allgather(signature)))
+
+    def _raise_application_error(self, error):
+        self._repair(time.perf_counter())  # the failing rank revoked the communicator
+        text = None if error is None else f"{type(error).__name__}: {error}"
+        messages = self.run(None, lambda c: c.allgather(text))
+        if error is not None:
+            raise error
+        rank, text = next((r, m) for r, m in enumerate(messages) if m is not None)
+        raise RemoteCollectiveError(f"the collective failed on rank {rank}: {text}")
+
+
+def _wait(request, timeout):
+    """Wait for ``request`` up to ``timeout`` seconds; True when it completed."""
+    deadline = time.monotonic() + timeout
+    pause = 1e-5
+    while not request.Test():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(pause)
+        pause = min(pause * 2, 1e-3)
+    return True

@@ -1,0 +1,50 @@
+"""Exceptions of elastic_hvd.
+
+Every exception a collective raises is raised on *every* surviving rank (the
+outcome of each collective is agreed on), so a script can handle them without
+fearing that another rank went on without it.
+"""
+
+
+class ElasticHvdError(RuntimeError):
+    """Base class of elastic_hvd's own errors."""
+
+
+class NotInitializedError(ElasticHvdError, ValueError):
+    """An API that needs the communicator was called before ``init()``."""
+
+    def __init__(self, what="this call"):
+        super().__init__(
+            f"elastic_hvd has not been initialized; call hvd.init() before {what}.")
+
+
+class RanksBelowMinimumError(ElasticHvdError):
+    """Survivors of a failure fell below ``min_np``: training cannot go on.
+
+    Raised on every survivor by the collective that noticed it, and by every
+    collective after it.  The repaired communicator stays usable for a last
+    checkpoint.
+    """
+
+    def __init__(self, size, min_np, lost):
+        self.size, self.min_np, self.lost = size, min_np, tuple(lost)
+        super().__init__(
+            f"only {size} rank(s) left after losing original rank(s) {list(self.lost)}; "
+            f"min_np is {min_np}")
+
+
+class MismatchError(ElasticHvdError, ValueError):
+    """Ranks called a collective with different shapes, dtypes, ops or roots."""
+
+    def __init__(self, signatures):
+        self.signatures = signatures
+        lines = "\n".join(f"  rank {r}: {s}" for r, s in enumerate(signatures))
+        super().__init__("ranks disagree on the collective they called:\n" + lines)
+
+
+class RemoteCollectiveError(ElasticHvdError):
+    """A collective failed because of an error raised on another rank."""
+
+
+class FaultInjected(ElasticHvdError):
+    """Raised by fault injection when asked to raise instead of sending a signal."""

@@ -1,0 +1,128 @@
+"""Fault injection: make a chosen rank die for real, at a chosen point.
+
+Tests, the demo and the benchmarks use it to kill real processes with real
+signals.  The plan comes from the environment variable ``ELASTIC_HVD_FAULTS``
+(or :func:`configure`), a ``;``-separated list of faults, each a ``,``-separated
+list of ``key=value``::
+
+    ELASTIC_HVD_FAULTS="rank=1,coll=12,signal=KILL,delay=0.01;rank=3,step=40,signal=STOP"
+
+``rank``
+    original id (rank at ``init()``) of the process that fails.
+``coll`` / ``step``
+    when: at the N-th collective this process starts (1-based, counted by the core),
+    or when the training loop reports step N (:func:`at_step`, called by the Keras
+    layer before each step).  Exactly one of the two.
+``signal``
+    ``KILL`` (default), ``TERM``, ``STOP``, ``SEGV``… any ``signal.SIG*`` name, or
+    ``RAISE`` to raise :class:`FaultInjected` (a Python exception in user code), or
+    ``EXIT`` to call ``os._exit(1)``.  ``RAISE`` ignores ``delay``.
+``delay``
+    seconds to wait before the signal; with ``coll`` the signal then arrives from a
+    helper thread *while* the collective runs (e.g. in the middle of a transfer).
+"""
+
+import dataclasses
+import os
+import signal as _signal
+import threading
+import time
+
+from .errors import FaultInjected
+
+ENV = "ELASTIC_HVD_FAULTS"
+
+
+@dataclasses.dataclass(frozen=True)
+class Fault:
+    rank: int
+    coll: int = None
+    step: int = None
+    signal: str = "KILL"
+    delay: float = 0.0
+
+    def fire(self):
+        if self.signal == "RAISE":  # an exception must come from the caller's thread
+            raise FaultInjected(f"injected fault on original rank {self.rank}")
+        if self.delay > 0:
+            threading.Thread(target=self._deliver, args=(self.delay,), daemon=True).start()
+        else:
+            self._deliver(0.0)
+
+    def _deliver(self, delay):
+        if delay:
+            time.sleep(delay)
+        if self.signal == "EXIT":
+            os._exit(1)
+        os.kill(os.getpid(), getattr(_signal, "SIG" + self.signal))
+
+
+def parse(spec):
+    """Parse a fault plan string into a list of :class:`Fault`."""
+    faults = []
+    for entry in filter(None, (part.strip() for part in (spec or "").split(";"))):
+        fields = {}
+        for item in entry.split(","):
+            key, sep, value = item.partition("=")
+            if not sep:
+                raise ValueError(f"{ENV}: expected key=value, got {item!r} in {entry!r}")
+            fields[key.strip()] = value.strip()
+        unknown = set(fields) - {"rank", "coll", "step", "signal", "delay"}
+        if unknown:
+            raise ValueError(f"{ENV}: unknown key(s) {sorted(unknown)} in {entry!r}")
+        if ("coll" in fields) == ("step" in fields):
+            raise ValueError(f"{ENV}: give exactly one of coll= or step= in {entry!r}")
+        sig = fields.get("signal", "KILL").upper().removeprefix("SIG")
+        if sig not in ("RAISE", "EXIT") and not hasattr(_signal, "SIG" + sig):
+            raise ValueError(f"{ENV}: unknown signal {sig!r} in {entry!r}")
+        faults.append(Fault(
+            rank=int(fields["rank"]),
+            coll=int(fields["coll"]) if "coll" in fields else None,
+            step=int(fields["step"]) if "step" in fields else None,
+            signal=sig, delay=float(fields.get("delay", 0.0))))
+    return faults
+
+
+class FaultPlan:
+    """The faults that concern this process, fired when their moment comes."""
+
+    def __init__(self, faults, original_id):
+        mine = [f for f in faults if f.rank == original_id]
+        self._by_coll = {f.coll: f for f in mine if f.coll is not None}
+        self._by_step = {f.step: f for f in mine if f.step is not None}
+        self._collectives = 0
+
+    def __bool__(self):
+        return bool(self._by_coll or self._by_step)
+
+    def at_collective(self):
+        self._collectives += 1
+        fault = self._by_coll.pop(self._collectives, None)
+        if fault:
+            fault.fire()
+
+    def at_step(self, step):
+        fault = self._by_step.pop(int(step), None)
+        if fault:
+            fault.fire()
+
+
+_plan = None
+
+
+def configure(original_id, spec=None):
+    """Load this process's plan (from ``spec`` or the environment); called by init()."""
+    global _plan
+    _plan = FaultPlan(parse(os.environ.get(ENV, "") if spec is None else spec), original_id)
+    return _plan
+
+
+def at_collective():
+    if _plan:
+        _plan.at_collective()
+
+
+def at_step(step):
+    """Called by training loops before each step (counted from 1)."""
+    if _plan:
+        _plan.at_step(step)

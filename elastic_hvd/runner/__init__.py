@@ -1,0 +1,1 @@
+"""elastic-hvd-run, the launcher."""

