@@ -132,6 +132,8 @@ class ResilientComm(CollectivesMixin):
                     raise MismatchError(signatures)
                 comm = self._comm  # the exchange may have repaired it
             flag, result, error = self._attempt(comm, attempt)
+            if signature is not None:
+                faults.after_transfer()
             agreed = self._agree(comm, flag | _POST)
             if agreed is None:
                 self._repair(started)
@@ -150,8 +152,10 @@ class ResilientComm(CollectivesMixin):
         try:
             return _OK | _CLEAN, attempt(comm), None
         except self.MPI.Exception as exc:
+            # Errors on a communicator that another rank revoked are not always
+            # reported as ERR_REVOKED (alltoall said ERR_OTHER here): count them clean.
+            clean = exc.Get_error_class() in self._failure_classes or comm.Is_revoked()
             self._revoke(comm)
-            clean = exc.Get_error_class() in self._failure_classes
             return (_CLEAN if clean else 0), None, exc
         except Exception as exc:  # a local error must not leave the others blocked
             self._revoke(comm)

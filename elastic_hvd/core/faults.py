@@ -20,6 +20,10 @@ list of ``key=value``::
 ``delay``
     seconds to wait before the signal; with ``coll`` the signal then arrives from a
     helper thread *while* the collective runs (e.g. in the middle of a transfer).
+``phase``
+    with ``coll``: ``before`` (default) fires as the collective starts; ``after`` fires
+    once its data transfer completed here but before the ranks agreed on the outcome
+    -- the moment at which ULFM's non-uniform error reporting bites.
 """
 
 import dataclasses
@@ -40,6 +44,7 @@ class Fault:
     step: int = None
     signal: str = "KILL"
     delay: float = 0.0
+    phase: str = "before"
 
     def fire(self):
         if self.signal == "RAISE":  # an exception must come from the caller's thread
@@ -67,11 +72,13 @@ def parse(spec):
             if not sep:
                 raise ValueError(f"{ENV}: expected key=value, got {item!r} in {entry!r}")
             fields[key.strip()] = value.strip()
-        unknown = set(fields) - {"rank", "coll", "step", "signal", "delay"}
+        unknown = set(fields) - {"rank", "coll", "step", "signal", "delay", "phase"}
         if unknown:
             raise ValueError(f"{ENV}: unknown key(s) {sorted(unknown)} in {entry!r}")
         if ("coll" in fields) == ("step" in fields):
             raise ValueError(f"{ENV}: give exactly one of coll= or step= in {entry!r}")
+        if fields.get("phase", "before") not in ("before", "after"):
+            raise ValueError(f"{ENV}: phase must be before or after in {entry!r}")
         sig = fields.get("signal", "KILL").upper().removeprefix("SIG")
         if sig not in ("RAISE", "EXIT") and not hasattr(_signal, "SIG" + sig):
             raise ValueError(f"{ENV}: unknown signal {sig!r} in {entry!r}")
@@ -79,7 +86,8 @@ def parse(spec):
             rank=int(fields["rank"]),
             coll=int(fields["coll"]) if "coll" in fields else None,
             step=int(fields["step"]) if "step" in fields else None,
-            signal=sig, delay=float(fields.get("delay", 0.0))))
+            signal=sig, delay=float(fields.get("delay", 0.0)),
+            phase=fields.get("phase", "before")))
     return faults
 
 
@@ -88,16 +96,22 @@ class FaultPlan:
 
     def __init__(self, faults, original_id):
         mine = [f for f in faults if f.rank == original_id]
-        self._by_coll = {f.coll: f for f in mine if f.coll is not None}
+        self._by_coll = {f.coll: f for f in mine if f.coll is not None and f.phase == "before"}
+        self._after_coll = {f.coll: f for f in mine if f.coll is not None and f.phase == "after"}
         self._by_step = {f.step: f for f in mine if f.step is not None}
         self._collectives = 0
 
     def __bool__(self):
-        return bool(self._by_coll or self._by_step)
+        return bool(self._by_coll or self._after_coll or self._by_step)
 
     def at_collective(self):
         self._collectives += 1
         fault = self._by_coll.pop(self._collectives, None)
+        if fault:
+            fault.fire()
+
+    def after_transfer(self):
+        fault = self._after_coll.pop(self._collectives, None)
         if fault:
             fault.fire()
 
@@ -120,6 +134,11 @@ def configure(original_id, spec=None):
 def at_collective():
     if _plan:
         _plan.at_collective()
+
+
+def after_transfer():
+    if _plan:
+        _plan.after_transfer()
 
 
 def at_step(step):

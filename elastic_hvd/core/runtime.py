@@ -1,8 +1,10 @@
 """The process-wide resilient communicator: ``init()``, ``shutdown()`` and friends."""
 
 import atexit
+import ctypes
 import os
 import sys
+import threading
 
 from . import faults
 from .comm import ResilientComm
@@ -59,8 +61,50 @@ def init(comm=None, *, min_np=None, mismatch_timeout=None, stall_timeout=None):
         mismatch_timeout=_setting(mismatch_timeout, "ELASTIC_HVD_MISMATCH_TIMEOUT", 5.0),
         elastic=elastic, heartbeat=heartbeat)
     faults.configure(_current.original_id)
-    atexit.register(_leave_together)
+    atexit.register(_at_exit, MPI, heartbeat)
     return _current
+
+
+#: Seconds MPI_Finalize may take before the process exits without it.
+FINALIZE_DEADLINE = float(os.environ.get("ELASTIC_HVD_FINALIZE_DEADLINE", 15.0))
+
+
+def _at_exit(MPI, heartbeat):
+    """Leave together, stop the heartbeat, finalize MPI with a deadline.
+
+    With Open MPI 5.0.11 + ULFM, ``MPI_Finalize`` hung now and then (about 1 job
+    in 10 here) in its closing PMIx fence after a rank had been killed, although
+    every survivor had finished.  All work is done at this point, so a rank that
+    cannot finalize in time exits anyway (mpirun then still reports the job's
+    status correctly).  MPI_Finalize is called through ctypes because ctypes
+    releases the GIL, which the deadline thread needs.
+    """
+    _leave_together()
+    heartbeat.stop()
+    if MPI.Is_finalized():
+        return
+    done = threading.Event()
+
+    def deadline():
+        if not done.wait(FINALIZE_DEADLINE):
+            print(f"elastic_hvd: MPI_Finalize did not return within {FINALIZE_DEADLINE:.0f}s "
+                  "(an Open MPI race after a rank loss); exiting without it",
+                  file=sys.stderr, flush=True)
+            os._exit(1 if hasattr(sys, "last_value") else 0)
+
+    threading.Thread(target=deadline, daemon=True).start()
+    ctypes.CDLL(_libmpi_path(MPI)).MPI_Finalize()
+    done.set()
+
+
+def _libmpi_path(MPI):
+    """The libmpi that mpi4py loaded (found in this process's memory map)."""
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            path = line.split()[-1]
+            if os.path.basename(path).startswith("libmpi.so"):
+                return path
+    return "libmpi.so.40"
 
 
 def _leave_together():

@@ -1,0 +1,92 @@
+"""Run a real multi-rank job for a test: hard timeout, nothing left behind.
+
+Every job runs in its own session; on timeout (or when the test is done) the whole
+session and every descendant is killed, so a hang fails the test instead of
+stalling CI, and no mpirun/prted/python is left over.
+"""
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+WORKERS = ROOT / "tests" / "workers"
+
+
+@dataclasses.dataclass
+class Job:
+    returncode: int
+    output: str
+    results: dict  # original id -> the JSON a rank wrote
+    seconds: float
+
+
+def _descendants(pid):
+    children = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def kill_tree(proc):
+    """SIGKILL ``proc``'s session and every descendant (also stopped ones)."""
+    victims = _descendants(proc.pid)
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except OSError:
+        pass
+    for pid in victims:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def run_job(worker, *args, np=4, timeout=120, faults=None, launcher=(), env=None,
+            tmp_path=None, expect_rc=0):
+    """Launch ``tests/workers/<worker>`` on ``np`` ranks through elastic-hvd-run."""
+    out_dir = Path(tmp_path) / "out"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "elastic_hvd.runner.launch", "-np", str(np), *launcher]
+    if faults:
+        cmd += ["--faults", faults]
+    cmd += ["-x", f"TEST_OUT_DIR={out_dir}"]
+    for name, value in (env or {}).items():
+        cmd += ["-x", f"{name}={value}"]
+    cmd += ["python", str(WORKERS / worker), *map(str, args)]
+    started = time.monotonic()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True, cwd=ROOT)
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_tree(proc)
+        output, _ = proc.communicate()
+        pytest.fail(f"job hung for {timeout}s and was killed: {' '.join(cmd)}\n{output[-6000:]}")
+    finally:
+        kill_tree(proc)
+    results = {}
+    for path in out_dir.glob("rank*.json"):
+        results[int(path.stem[4:])] = json.loads(path.read_text())
+    job = Job(proc.returncode, output, results, time.monotonic() - started)
+    if expect_rc is not None:
+        assert job.returncode == expect_rc, f"exit status {job.returncode}\n{output[-6000:]}"
+    return job

@@ -1,0 +1,126 @@
+"""The resilient core under real failures: real mpirun, real signals, hard timeouts."""
+
+import pytest
+
+from mpijob import run_job
+
+pytestmark = pytest.mark.multirank
+
+
+def assert_uniform(job, survivors):
+    assert sorted(job.results) == survivors, job.output[-4000:]
+    digests = {r["digest"] for r in job.results.values()}
+    assert len(digests) == 1, f"survivors disagree: {digests}"
+
+
+def test_kill_rank1_in_middle_of_64mib_allreduce(tmp_path):
+    # Collective 3 starts, and 10 ms later (mid-transfer) rank 1 gets SIGKILL.
+    job = run_job("core_scenarios.py", "kill_in_allreduce", "64", "3",
+                  faults="rank=1,coll=3,delay=0.01", tmp_path=tmp_path)
+    assert_uniform(job, [0, 2, 3])
+    for r in job.results.values():
+        assert r["ids"] == [0, 2, 3]
+        assert r["changed_in_last_call"], "the kill did not land inside the collective"
+        assert r["equals_survivor_sum"]
+        [event] = r["events"]
+        assert (event["old_size"], event["new_size"], event["lost"]) == (4, 3, [1])
+        assert event["repair_s"] < 1.0
+
+
+def test_kill_after_transfer_before_agreement_gives_survivor_result(tmp_path):
+    # Rank 3 completes the transfer (its contribution may have reached everyone) and
+    # dies before the agreement: survivors must all redo it without rank 3, never
+    # keep a sum that includes it on some ranks only.
+    job = run_job("core_scenarios.py", "kill_in_allreduce", "0.001", "3",
+                  faults="rank=3,coll=3,phase=after", tmp_path=tmp_path)
+    assert_uniform(job, [0, 1, 2])
+    assert all(r["equals_survivor_sum"] and r["changed_in_last_call"]
+               for r in job.results.values())
+
+
+def test_kill_rank0(tmp_path):
+    job = run_job("core_scenarios.py", "kill_in_allreduce", "4", "3",
+                  faults="rank=0,coll=3,delay=0.002", tmp_path=tmp_path)
+    assert_uniform(job, [1, 2, 3])
+    assert all(r["equals_survivor_sum"] for r in job.results.values())
+
+
+def test_kill_two_ranks_at_once(tmp_path):
+    job = run_job("core_scenarios.py", "kill_in_allreduce", "16", "3",
+                  faults="rank=1,coll=3,delay=0.005;rank=2,coll=3,delay=0.005",
+                  tmp_path=tmp_path)
+    assert_uniform(job, [0, 3])
+    for r in job.results.values():
+        assert r["equals_survivor_sum"]
+        assert sorted(i for e in r["events"] for i in e["lost"]) == [1, 2]
+
+
+@pytest.mark.parametrize("root", [0, 2])
+def test_broadcast_whose_root_dies(tmp_path, root):
+    job = run_job("core_scenarios.py", "kill_in_broadcast", root, "16",
+                  faults=f"rank={root},coll=2", tmp_path=tmp_path)
+    survivors = sorted({0, 1, 2, 3} - {root})
+    assert_uniform(job, survivors)
+    # Documented rule: the lowest surviving rank becomes the root.
+    assert all(r["equals_lowest_survivor"] for r in job.results.values())
+
+
+def test_hung_rank_is_evicted(tmp_path):
+    job = run_job("core_scenarios.py", "keep_going", "6", faults="rank=2,coll=3,signal=STOP",
+                  tmp_path=tmp_path, timeout=90)
+    assert_uniform(job, [0, 1, 3])
+    for r in job.results.values():
+        assert r["equals_survivor_sum"]
+        [event] = r["events"]
+        assert event["lost"] == [2]
+        assert 1.0 < event["detect_s"] < 10.0  # heartbeat timeout is 2 s
+
+
+def test_deadlocked_rank_is_evicted_by_stall_watchdog(tmp_path):
+    # SIGSTOP freezes the heartbeat too; a deadlocked rank keeps beating, so the
+    # stall watchdog turns its hang into a crash.  Rank 1 "deadlocks" by sleeping.
+    job = run_job("core_scenarios.py", "keep_going", "6", faults="rank=1,coll=2,signal=RAISE",
+                  launcher=["--stall-timeout", "3"], tmp_path=tmp_path, timeout=90,
+                  env={"TEST_DEADLOCK_ON_FAULT": "1"})
+    assert_uniform(job, [0, 2, 3])
+    assert "made no collective call" in job.output
+
+
+def test_below_min_np_raises_everywhere(tmp_path):
+    job = run_job("core_scenarios.py", "below_min", faults="rank=3,coll=2",
+                  launcher=["--min-np", "4"], tmp_path=tmp_path)
+    assert sorted(job.results) == [0, 1, 2]
+    for r in job.results.values():
+        # The collective that noticed it and every one after it raise the same error.
+        assert [e[0] for e in r["errors"]] == ["RanksBelowMinimumError"] * 3
+        assert r["errors"][0][1:] == [3, 4, [3]]
+
+
+@pytest.mark.parametrize("when", ["first", "steady"])
+def test_mismatched_shapes_raise_everywhere(tmp_path, when):
+    job = run_job("core_scenarios.py", "mismatch", when, tmp_path=tmp_path,
+                  env={"ELASTIC_HVD_MISMATCH_TIMEOUT": "1"}, timeout=90)
+    assert sorted(job.results) == [0, 1, 2, 3]
+    for r in job.results.values():
+        assert r["error"] and "(9,)" in r["error"] and "(8,)" in r["error"], r
+        assert r["after"] == [4.0] * 8 and r["size"] == 4
+        assert r["seconds"] < 30
+
+
+def test_error_on_one_rank_is_raised_on_every_rank(tmp_path):
+    job = run_job("core_scenarios.py", "application_error", tmp_path=tmp_path)
+    errors = {i: r["error"] for i, r in job.results.items()}
+    assert errors[1][0] == "ValueError" and "splits" in errors[1][1]
+    for i in (0, 2, 3):
+        assert errors[i][0] == "RemoteCollectiveError" and "splits" in errors[i][1], errors
+    assert all(r["after"] == [4, 4] for r in job.results.values())
+
+
+def test_without_ulfm_warns_and_still_works(tmp_path):
+    job = run_job("core_scenarios.py", "elastic_flag", np=2, launcher=["--no-ft"],
+                  tmp_path=tmp_path)
+    assert "WITHOUT fault tolerance" in job.output
+    assert [r["elastic"] for r in job.results.values()] == [False, False]
+    with_ft = run_job("core_scenarios.py", "elastic_flag", np=2, tmp_path=tmp_path / "ft")
+    assert "WITHOUT fault tolerance" not in with_ft.output
+    assert [r["elastic"] for r in with_ft.results.values()] == [True, True]

@@ -1,0 +1,130 @@
+"""Multi-rank scenarios for the resilient core; each rank reports JSON (see report.py).
+
+    python core_scenarios.py <scenario> [args...]
+"""
+
+import hashlib
+import os
+import sys
+import time
+
+import numpy as np
+
+import report
+from elastic_hvd import core
+
+MIB = 1024 * 1024
+
+
+def contribution(original_id, count):
+    """A rank's input: small integers as float32, so any summation order is exact."""
+    return ((np.arange(count) % 13) + 100 * (original_id + 1)).astype(np.float32)
+
+
+def digest(array):
+    return hashlib.sha256(np.ascontiguousarray(array).tobytes()).hexdigest()
+
+
+def events(comm):
+    return [e.as_dict() for e in comm.events]
+
+
+def kill_in_allreduce(comm, mib="64", calls="3"):
+    """Collective number `calls` is the one the fault plan targets."""
+    count = int(float(mib) * MIB) // 4
+    x = contribution(comm.original_id, count)
+    out = np.empty_like(x)
+    times = []
+    for _ in range(int(calls)):
+        before = len(comm.events)
+        started = time.perf_counter()
+        result = comm.allreduce(x, out=out)
+        times.append(time.perf_counter() - started)
+    expected = sum(contribution(i, count) for i in comm.ids)
+    report.write(comm.original_id, ids=list(comm.ids), size=comm.size, events=events(comm),
+                 changed_in_last_call=len(comm.events) > before,
+                 equals_survivor_sum=bool(np.array_equal(result, expected)),
+                 digest=digest(result), times=times)
+
+
+def kill_in_broadcast(comm, root="0", mib="16"):
+    count = int(float(mib) * MIB) // 4
+    x = contribution(comm.original_id, count)
+    comm.barrier()  # collective 1; the plan kills the root at collective 2
+    result = comm.broadcast(x, root_rank=int(root))
+    lowest = min(comm.ids)
+    report.write(comm.original_id, ids=list(comm.ids), events=events(comm),
+                 equals_lowest_survivor=bool(np.array_equal(result, contribution(lowest, count))),
+                 digest=digest(result))
+
+
+def keep_going(comm, calls="6"):
+    """Allreduce repeatedly; used for hangs (SIGSTOP) and repeated failures."""
+    x = contribution(comm.original_id, 1024)
+    for _ in range(int(calls)):
+        result = comm.allreduce(x)
+    expected = sum(contribution(i, 1024) for i in comm.ids)
+    report.write(comm.original_id, ids=list(comm.ids), events=events(comm),
+                 equals_survivor_sum=bool(np.array_equal(result, expected)), digest=digest(result))
+
+
+def below_min(comm):
+    errors = []
+    x = np.ones(16, dtype=np.float32)
+    for _ in range(4):
+        try:
+            comm.allreduce(x)
+        except core.RanksBelowMinimumError as exc:
+            errors.append([type(exc).__name__, exc.size, exc.min_np, list(exc.lost)])
+    report.write(comm.original_id, ids=list(comm.ids), errors=errors, events=events(comm))
+
+
+def mismatch(comm, when="first"):
+    """Rank 1 passes a different shape: on the first call, or after a steady state."""
+    if when == "steady":
+        for _ in range(5):
+            comm.allreduce(np.ones(8, dtype=np.float32))
+    shape = 9 if comm.original_id == 1 else 8
+    error = None
+    started = time.perf_counter()
+    try:
+        comm.allreduce(np.ones(shape, dtype=np.float32))
+    except core.MismatchError as exc:
+        error = str(exc)
+    seconds = time.perf_counter() - started
+    after = comm.allreduce(np.ones(8, dtype=np.float32))  # the communicator still works
+    report.write(comm.original_id, error=error, seconds=seconds, after=after.tolist(),
+                 size=comm.size)
+
+
+def application_error(comm):
+    """Rank 1 gives alltoall impossible splits: it raises ValueError, the others learn why."""
+    x = np.arange(8, dtype=np.int64)
+    splits = [8, 0, 0, 1] if comm.original_id == 1 else [2, 2, 2, 2]
+    error = None
+    try:
+        comm.alltoall(x, splits=splits)
+    except Exception as exc:
+        error = [type(exc).__name__, str(exc)]
+    after = comm.allreduce(np.ones(2, dtype=np.int64))
+    report.write(comm.original_id, error=error, after=after.tolist())
+
+
+def elastic_flag(comm):
+    report.write(comm.original_id, elastic=comm.elastic)
+
+
+def main():
+    scenario, args = sys.argv[1], sys.argv[2:]
+    comm = core.init()
+    try:
+        globals()[scenario](comm, *args)
+    except core.FaultInjected:
+        if os.environ.get("TEST_DEADLOCK_ON_FAULT"):
+            while True:  # a "deadlocked" rank: alive, beating, never calling again
+                time.sleep(1)
+        raise
+
+
+if __name__ == "__main__":
+    main()
