@@ -11,7 +11,7 @@ import pickle
 
 import numpy as np
 
-from .ops import ReduceOp, mpi_op
+from .ops import ReduceOp, check_op, mpi_ops
 
 # Dtypes MPI reduces natively; float16 is reduced in float32 and cast back.
 _REDUCIBLE = {np.dtype(t) for t in (
@@ -30,10 +30,10 @@ def _as_bytes(array):
 
 def _reduce_input(x, prescale_factor):
     """What a rank contributes to a reduction: float16 widened, prescaled."""
-    if x.dtype == np.float16:
-        work = np.dtype(np.float32)
-    elif x.dtype in _REDUCIBLE:
+    if x.dtype in _REDUCIBLE:
         work = x.dtype
+    elif x.dtype == np.float16:
+        work = np.dtype(np.float32)
     else:
         raise TypeError(f"cannot reduce arrays of dtype {x.dtype}")
     send = x if work == x.dtype else x.astype(work)
@@ -66,6 +66,13 @@ def even_splits(rows, parts):
 class CollectivesMixin:
     """The collectives of :class:`~elastic_hvd.core.comm.ResilientComm`."""
 
+    _mpi_ops = None
+
+    def _mpi_op(self, op):
+        if self._mpi_ops is None:
+            type(self)._mpi_ops = mpi_ops(self.MPI)
+        return self._mpi_ops[op]
+
     def allreduce(self, array, op=ReduceOp.SUM, prescale_factor=1.0, postscale_factor=1.0,
                   out=None):
         """Reduce ``array`` over all live ranks; Average divides by the live size.
@@ -74,22 +81,21 @@ class CollectivesMixin:
         allocation per call.  Integer averages are floored.
         """
         x = _contiguous(array)
-        op = ReduceOp(op)
         signature = ("allreduce", x.dtype.str, x.shape, int(op),
                      float(prescale_factor), float(postscale_factor))
-        MPI = self.MPI
 
-        def attempt(comm):
+        def attempt(comm):  # validation happens here, once ranks agree on the call
+            mpi_op = self._mpi_op(check_op(op))
             send = _reduce_input(x, prescale_factor)
             if out is not None and (out.shape != x.shape or out.dtype != x.dtype):
                 raise ValueError(f"out has shape {out.shape} and dtype {out.dtype}; "
                                  f"expected {x.shape} and {x.dtype}")
             target = out if out is not None and send.dtype == out.dtype else np.empty_like(send)
-            comm.Allreduce(send, target, op=mpi_op(MPI, op))
+            comm.Allreduce(send, target, op=mpi_op)
             return target, comm.size
 
         result, size = self.run(signature, attempt)
-        result = _finish_reduce(result, x.dtype, size if op is ReduceOp.AVERAGE else 1,
+        result = _finish_reduce(result, x.dtype, size if op == ReduceOp.AVERAGE else 1,
                                 postscale_factor)
         if out is not None and result is not out:
             out[...] = result
@@ -173,23 +179,22 @@ class CollectivesMixin:
         extra rows).
         """
         x = _contiguous(array)
-        op = ReduceOp(op)
         signature = ("reducescatter", x.dtype.str, x.shape, int(op),
                      float(prescale_factor), float(postscale_factor))
         row = int(np.prod(x.shape[1:], dtype=np.int64))
-        MPI = self.MPI
 
         def attempt(comm):
+            mpi_op = self._mpi_op(check_op(op))
             if x.ndim == 0:
                 raise ValueError("reducescatter needs an array with at least one dimension")
             send = _reduce_input(x, prescale_factor)
             rows = even_splits(x.shape[0], comm.size)
             result = np.empty((rows[comm.rank],) + x.shape[1:], dtype=send.dtype)
-            comm.Reduce_scatter(send, result, [r * row for r in rows], op=mpi_op(MPI, op))
+            comm.Reduce_scatter(send, result, [r * row for r in rows], op=mpi_op)
             return result, comm.size
 
         result, size = self.run(signature, attempt)
-        return _finish_reduce(result, x.dtype, size if op is ReduceOp.AVERAGE else 1,
+        return _finish_reduce(result, x.dtype, size if op == ReduceOp.AVERAGE else 1,
                               postscale_factor)
 
     def barrier(self):

@@ -165,20 +165,22 @@ class ResilientComm(CollectivesMixin):
         """Agreed AND of ``flag``; None when a process failure interrupted it.
 
         With ``timeout``, a rank that waits longer revokes ``comm`` (see module doc).
+        Open MPI's blocking agreement is its non-blocking one plus a wait, with
+        one sequence of agreement ids, so the two kinds match each other.
         """
-        buf = np.array([flag], dtype=np.intc)
         try:
-            request = comm.Iagree(buf)
             if timeout is None:
-                request.Wait()
-            elif not _wait(request, timeout):
+                return comm.Agree(flag)
+            buf = np.array([flag], dtype=np.intc)
+            request = comm.Iagree(buf)
+            if not _wait(request, timeout):
                 self._revoke(comm)
                 request.Wait()
+            return int(buf[0])
         except self.MPI.Exception as exc:
             if exc.Get_error_class() in self._failure_classes:
                 return None
             raise
-        return int(buf[0])
 
     def _revoke(self, comm):
         try:

@@ -16,11 +16,15 @@ Average, Sum, Adasum, Min, Max, Product = (
     ReduceOp.AVERAGE, ReduceOp.SUM, ReduceOp.ADASUM, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT)
 
 
-def mpi_op(MPI, op):
-    """The MPI.Op that computes ``op`` (Average is a Sum followed by a division)."""
+def mpi_ops(MPI):
+    """{ReduceOp: MPI.Op} (Average is a Sum followed by a division; no Adasum)."""
+    return {ReduceOp.AVERAGE: MPI.SUM, ReduceOp.SUM: MPI.SUM, ReduceOp.MIN: MPI.MIN,
+            ReduceOp.MAX: MPI.MAX, ReduceOp.PRODUCT: MPI.PROD}
+
+
+def check_op(op):
+    """``op`` as a ReduceOp; a clear error for Adasum, which is not supported."""
     op = ReduceOp(op)
     if op is ReduceOp.ADASUM:
-        raise NotImplementedError(
-            "Adasum is not supported by elastic_hvd; use Average or Sum.")
-    return {ReduceOp.AVERAGE: MPI.SUM, ReduceOp.SUM: MPI.SUM, ReduceOp.MIN: MPI.MIN,
-            ReduceOp.MAX: MPI.MAX, ReduceOp.PRODUCT: MPI.PROD}[op]
+        raise NotImplementedError("Adasum is not supported by elastic_hvd; use Average or Sum.")
+    return op

@@ -1,0 +1,87 @@
+"""Single-process pieces of the core: fault plans, signature prediction, the launcher."""
+
+import os
+import signal
+
+import pytest
+
+from elastic_hvd.core import faults
+from elastic_hvd.core.collectives import even_splits
+from elastic_hvd.core.mpi_env import heartbeat_settings
+from elastic_hvd.core.signature import SignaturePredictor
+from elastic_hvd.runner import launch
+
+
+def test_fault_plan_parses_and_rejects():
+    [a, b] = faults.parse("rank=1,coll=12,signal=KILL,delay=0.01; rank=3,step=40,signal=SIGSTOP")
+    assert (a.rank, a.coll, a.signal, a.delay) == (1, 12, "KILL", 0.01)
+    assert (b.rank, b.step, b.signal) == (3, 40, "STOP")
+    for bad in ("rank=1", "rank=1,coll=2,step=3", "rank=1,coll=2,signal=NOPE",
+                "rank=1,coll=2,when=3", "rank=1,coll=2,phase=during"):
+        with pytest.raises(ValueError):
+            faults.parse(bad)
+
+
+def test_fault_plan_fires_only_on_its_rank_and_moment():
+    plan = faults.FaultPlan(faults.parse("rank=2,coll=3,signal=RAISE;rank=1,step=5,signal=RAISE"), 2)
+    plan.at_collective()
+    plan.at_collective()
+    plan.at_step(5)  # rank 1's fault: not ours
+    with pytest.raises(faults.FaultInjected):
+        plan.at_collective()
+    plan.at_collective()  # fires once only
+
+
+def test_fault_sends_a_real_signal():
+    received = []
+    old = signal.signal(signal.SIGUSR1, lambda *a: received.append(a[0]))
+    try:
+        faults.Fault(rank=0, coll=1, signal="USR1").fire()
+    finally:
+        signal.signal(signal.SIGUSR1, old)
+    assert received == [signal.SIGUSR1]
+
+
+def test_predictor_learns_repeating_sequences():
+    p = SignaturePredictor()
+    sequence = ["A", "A", "B"] * 4
+    misses = []
+    for i, sig in enumerate(sequence):
+        if not p.expects(sig):
+            misses.append(i)
+        p.record(sig)
+    assert misses and max(misses) < 5  # after one period every call is predicted
+
+
+def test_even_splits():
+    assert even_splits(7, 3) == [3, 2, 2]
+    assert even_splits(2, 4) == [1, 1, 0, 0]
+
+
+def test_heartbeat_settings_validate(monkeypatch):
+    monkeypatch.setenv("ELASTIC_HVD_HEARTBEAT_PERIOD", "1")
+    monkeypatch.setenv("ELASTIC_HVD_HEARTBEAT_TIMEOUT", "2")
+    with pytest.raises(ValueError, match="3 x period"):
+        heartbeat_settings()
+
+
+def test_launcher_command_uses_our_mpirun_and_ulfm(tmp_path):
+    args = launch.parser().parse_args(
+        ["-np", "8", "--min-np", "2", "-x", "A=1", "--mpi-args", "--bind-to none",
+         "python", "train.py", "--epochs", "3"])
+    cmd = launch.build_command(args, mpirun="/x/mpirun")
+    assert cmd[:3] == ["/x/mpirun", "-np", "8"]
+    assert ["--with-ft", "ulfm"] == cmd[3:5]
+    assert "-x" in cmd and "ELASTIC_HVD_MIN_NP=2" in cmd and "A=1" in cmd
+    assert "--bind-to" in cmd and cmd[-3:] == ["train.py", "--epochs", "3"]
+    assert ("--oversubscribe" in cmd) == (8 > (os.cpu_count() or 1))
+    assert ("--allow-run-as-root" in cmd) == (os.geteuid() == 0)
+    real = launch.find_mpirun()
+    assert os.path.dirname(real) == os.path.dirname(os.path.realpath(
+        os.path.join(os.path.dirname(os.sys.executable), "mpirun")))
+
+
+def test_launcher_hosts_give_np():
+    args = launch.parser().parse_args(["-H", "a:2,b:3", "python", "x.py"])
+    cmd = launch.build_command(args, mpirun="mpirun")
+    assert cmd[1:3] == ["-np", "5"] and "--host" in cmd and "--oversubscribe" not in cmd
