@@ -56,6 +56,8 @@ def parser():
     p.add_argument("--faults", help="fault-injection plan, as ELASTIC_HVD_FAULTS "
                                     "(e.g. 'rank=1,step=20,signal=KILL')")
     p.add_argument("--mpi-args", default="", help="extra arguments for mpirun (one string)")
+    p.add_argument("--as-horovod", action="store_true",
+                   help="run an unchanged Horovod script: `import horovod...` gives elastic_hvd")
     p.add_argument("--no-ft", action="store_true",
                    help="run without fault tolerance (for comparisons only)")
     p.add_argument("--dry-run", action="store_true", help="print the mpirun command and exit")
@@ -96,6 +98,10 @@ def build_command(args, mpirun=None):
         command = command[1:]
     if command and command[0] in ("python", "python3"):
         command[0] = sys.executable  # the interpreter elastic_hvd is installed in
+    if args.as_horovod:
+        if not command or "python" not in os.path.basename(command[0]):
+            raise SystemExit("elastic-hvd-run: --as-horovod needs a `python script.py` command")
+        command[1:1] = ["-m", "elastic_hvd.runner.as_horovod"]
     return cmd + command
 
 

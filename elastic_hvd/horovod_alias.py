@@ -1,0 +1,58 @@
+"""Make ``import horovod.*`` resolve to elastic_hvd, for unchanged Horovod scripts.
+
+    import elastic_hvd.horovod_alias; elastic_hvd.horovod_alias.install()
+    import horovod.tensorflow.keras as hvd      # -> elastic_hvd.tensorflow.keras
+
+``elastic-hvd-run --as-horovod python train.py`` does the same before the script
+starts.  Nothing named ``horovod`` is installed: an import hook placed first on
+``sys.meta_path`` maps the module names, so it also wins over a real Horovod,
+and says so.
+"""
+
+import importlib
+import importlib.abc
+import importlib.metadata
+import importlib.util
+import sys
+
+ALIASES = {
+    "horovod": "elastic_hvd",
+    "horovod.tensorflow": "elastic_hvd.tensorflow",
+    "horovod.tensorflow.elastic": "elastic_hvd.tensorflow.elastic",
+    "horovod.tensorflow.keras": "elastic_hvd.tensorflow.keras",
+    "horovod.tensorflow.keras.callbacks": "elastic_hvd.tensorflow.keras.callbacks",
+    "horovod.tensorflow.keras.elastic": "elastic_hvd.tensorflow.keras.elastic",
+    "horovod.keras": "elastic_hvd.keras",
+    "horovod.keras.callbacks": "elastic_hvd.tensorflow.keras.callbacks",
+    "horovod.keras.elastic": "elastic_hvd.tensorflow.keras.elastic",
+}
+
+
+class _AliasFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def find_spec(self, name, path=None, target=None):
+        if name in ALIASES:
+            return importlib.util.spec_from_loader(name, self)
+        if name.split(".")[0] == "horovod":
+            raise ImportError(f"{name} has no elastic_hvd equivalent (horovod is aliased to "
+                              f"elastic_hvd; supported: {', '.join(sorted(ALIASES))})")
+        return None
+
+    def create_module(self, spec):
+        return importlib.import_module(ALIASES[spec.name])
+
+    def exec_module(self, module):
+        pass
+
+
+def install(quiet=False):
+    """Install the alias (idempotent); returns a line saying which Horovod is in use."""
+    if not any(isinstance(f, _AliasFinder) for f in sys.meta_path):
+        sys.meta_path.insert(0, _AliasFinder())
+    try:
+        real = f"; the installed Horovod {importlib.metadata.version('horovod')} is NOT used"
+    except importlib.metadata.PackageNotFoundError:
+        real = ""
+    message = f"elastic_hvd: `import horovod` resolves to elastic_hvd{real}"
+    if not quiet:
+        print(message, file=sys.stderr, flush=True)
+    return message

@@ -1,0 +1,30 @@
+"""``horovod.keras`` for scripts that import it: ``elastic_hvd.tensorflow.keras`` with
+horovod.keras's own parameter order for the optimizers."""
+
+from ..tensorflow.keras import *  # noqa: F401,F403
+from ..tensorflow.keras import Adasum, callbacks, elastic, load_model  # noqa: F401
+from ..tensorflow.keras import DistributedOptimizer as _DistributedOptimizer
+from ..tensorflow.keras import PartialDistributedOptimizer as _PartialDistributedOptimizer
+from ..tensorflow.ops import Average, global_process_set
+from ..tensorflow.compression import Compression
+
+
+def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="",
+                         compression=Compression.none, sparse_as_dense=False,
+                         gradient_predivide_factor=1.0, op=Average, num_groups=0, groups=None,
+                         process_set=global_process_set, scale_local_gradients=True):
+    return _DistributedOptimizer(optimizer, name, device_dense, device_sparse, compression,
+                                 sparse_as_dense, gradient_predivide_factor, op,
+                                 num_groups=num_groups, groups=groups, process_set=process_set,
+                                 scale_local_gradients=scale_local_gradients)
+
+
+def PartialDistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="",
+                                compression=Compression.none, sparse_as_dense=False,
+                                gradient_predivide_factor=1.0, op=Average, groups=None,
+                                process_set=global_process_set, local_layers=None,
+                                scale_local_gradients=True):
+    return _PartialDistributedOptimizer(
+        optimizer, name, device_dense, device_sparse, compression, sparse_as_dense,
+        gradient_predivide_factor, op, groups=groups, process_set=process_set,
+        local_layers=local_layers, scale_local_gradients=scale_local_gradients)

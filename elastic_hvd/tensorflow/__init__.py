@@ -1,0 +1,221 @@
+"""Horovod's ``horovod.tensorflow`` API, backed by the resilient core.
+
+    import elastic_hvd.tensorflow as hvd     # instead of: import horovod.tensorflow as hvd
+"""
+
+import numpy as np
+import tensorflow as tf
+
+from ..basics import (ccl_built, cross_rank, cross_size, cuda_built, ddl_built,  # noqa: F401
+                      elastic_enabled, gloo_built, gloo_enabled, init, is_homogeneous,
+                      is_initialized, local_rank, local_size, mpi_built, mpi_enabled,
+                      mpi_threads_supported, nccl_built, rank, rocm_built, shutdown, size)
+from ..core import runtime
+from ..core.errors import (MismatchError, NotInitializedError,  # noqa: F401
+                           RanksBelowMinimumError, RemoteCollectiveError)
+from . import ops as _ops
+from .compression import Compression  # noqa: F401
+from . import elastic  # noqa: F401
+from .gradients import (DistributedGradientTape, DistributedOptimizer,  # noqa: F401
+                        PartialDistributedGradientTape)
+from .ops import (Adasum, Average, Max, Min, Product, ProcessSet, Sum,  # noqa: F401
+                  add_process_set, global_process_set, local_rank_op, local_size_op,
+                  process_set_included_op, rank_op, remove_process_set, size_op)
+from .timeline import start_timeline, stop_timeline  # noqa: F401
+
+#: Raised by Horovod when a collective fails; here failures are survived, and the
+#: errors that remain (below min_np, mismatches) are raised on every rank.
+HorovodInternalError = RanksBelowMinimumError
+HostsUpdatedInterrupt = RuntimeError
+
+
+def _tensor(value):
+    return value if isinstance(value, (tf.Tensor, tf.Variable, tf.IndexedSlices)) \
+        else tf.convert_to_tensor(value)
+
+
+def allreduce(tensor, average=None, device_dense="", device_sparse="",
+              compression=Compression.none, op=None, prescale_factor=1.0, postscale_factor=1.0,
+              name=None, process_set=global_process_set, ignore_name_scope=False):
+    """Reduce ``tensor`` over all live ranks (default op: Average over the live size)."""
+    _ops._check_process_set(process_set)
+    op = _ops._resolve_op(op, average)
+    tensor = _tensor(tensor)
+    if isinstance(tensor, tf.IndexedSlices):
+        if op not in (Average, Sum):
+            raise NotImplementedError("IndexedSlices can be allreduced with Average or Sum only")
+        from .gradients import sparse_allreduce
+        return sparse_allreduce(tensor, op)
+    compressed, ctx = compression.compress(tf.convert_to_tensor(tensor))
+    [reduced] = _ops._grouped_allreduce([compressed], op, prescale_factor, postscale_factor,
+                                        name or "HorovodAllreduce")
+    return compression.decompress(reduced, ctx)
+
+
+def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="",
+                      compression=Compression.none, op=None, prescale_factor=1.0,
+                      postscale_factor=1.0, process_set=global_process_set,
+                      ignore_name_scope=False, name=None):
+    """Allreduce a list of tensors in as few fused collectives as possible."""
+    _ops._check_process_set(process_set)
+    op = _ops._resolve_op(op, average)
+    pairs = [compression.compress(tf.convert_to_tensor(t)) for t in tensors]
+    reduced = _ops._grouped_allreduce([p[0] for p in pairs], op, prescale_factor,
+                                      postscale_factor, name or "HorovodGroupedAllreduce")
+    return [compression.decompress(r, p[1]) for r, p in zip(reduced, pairs)]
+
+
+def allgather(tensor, name=None, ignore_name_scope=False, process_set=global_process_set):
+    """Concatenate every rank's tensor along the first axis (sizes may differ)."""
+    _ops._check_process_set(process_set)
+    return _ops._allgather(tf.convert_to_tensor(tensor), name)
+
+
+def grouped_allgather(tensors, name=None, ignore_name_scope=False,
+                      process_set=global_process_set):
+    return [allgather(t, name=name, process_set=process_set) for t in tensors]
+
+
+def broadcast(tensor, root_rank, name=None, ignore_name_scope=False,
+              process_set=global_process_set):
+    """``tensor`` of ``root_rank`` on every rank (lowest survivor if the root died)."""
+    _ops._check_process_set(process_set)
+    return _ops._broadcast(tf.convert_to_tensor(tensor), root_rank, name)
+
+
+def broadcast_(variables, root_rank, name=None, process_set=global_process_set):
+    """Broadcast in place: assign ``root_rank``'s values to ``variables``; returns them."""
+    broadcast_variables(variables, root_rank, process_set=process_set)
+    return variables
+
+
+def broadcast_variables(variables, root_rank, process_set=global_process_set, inplace=False):
+    """Assign ``root_rank``'s values to every variable, in one fused broadcast per dtype."""
+    _ops._check_process_set(process_set)
+    variables = list(variables)
+    if not variables:
+        return tf.group()
+
+    def fn(*arrays):
+        comm = runtime.current("broadcast_variables")
+        out = [None] * len(arrays)
+        by_dtype = {}
+        for i, a in enumerate(arrays):
+            by_dtype.setdefault(a.dtype, []).append(i)
+        for dtype, idx in by_dtype.items():
+            flat = comm.broadcast(np.concatenate([arrays[i].reshape(-1) for i in idx]), root_rank)
+            offset = 0
+            for i in idx:
+                out[i] = flat[offset:offset + arrays[i].size].reshape(arrays[i].shape)
+                offset += arrays[i].size
+        return out
+
+    values = _ops._numpy_op("HorovodBroadcastVariables", fn, [v.read_value() if hasattr(
+        v, "read_value") else tf.convert_to_tensor(v) for v in variables],
+        [v.dtype.base_dtype if hasattr(v.dtype, "base_dtype") else v.dtype for v in variables])
+    return tf.group(*[v.assign(tf.reshape(x, v.shape)) for v, x in zip(variables, values)])
+
+
+def broadcast_global_variables(root_rank):
+    """TF1 graphs only (as in Horovod): eager code uses broadcast_variables."""
+    if tf.executing_eagerly():
+        raise RuntimeError("hvd.broadcast_global_variables() does not support eager execution; "
+                           "use hvd.broadcast_variables(model.variables, root_rank)")
+    return broadcast_variables(tf.compat.v1.global_variables(), root_rank)
+
+
+def broadcast_object(obj, root_rank=0, session=None, name=None, process_set=global_process_set):
+    _ops._check_process_set(process_set)
+    return runtime.current("broadcast_object").broadcast_object(obj, root_rank)
+
+
+def broadcast_object_fn(root_rank=0, session=None, name=None, process_set=global_process_set):
+    return lambda obj: broadcast_object(obj, root_rank, process_set=process_set)
+
+
+def allgather_object(obj, session=None, name=None, process_set=global_process_set):
+    _ops._check_process_set(process_set)
+    return runtime.current("allgather_object").allgather_object(obj)
+
+
+def alltoall(tensor, splits=None, name=None, ignore_name_scope=False,
+             process_set=global_process_set):
+    """Returns ``(received, received_splits)``; rows for ranks that die are dropped."""
+    _ops._check_process_set(process_set)
+    tensor = tf.convert_to_tensor(tensor)
+    name = name or "HorovodAlltoall"
+
+    @tf.custom_gradient
+    def exchange(x):
+        received, rsplits = _ops.alltoall_raw(x, splits, name)
+
+        def grad(dy, _dsplits=None):
+            back, _ = _ops.alltoall_raw(dy, rsplits, name + "_grad")
+            return back
+        return (received, rsplits), grad
+
+    return exchange(tensor)
+
+
+def reducescatter(tensor, device_dense="", compression=Compression.none, op=Average, name=None,
+                  process_set=global_process_set, ignore_name_scope=False, prescale_factor=1.0,
+                  postscale_factor=1.0):
+    [out] = grouped_reducescatter([tensor], device_dense, compression, op, process_set,
+                                  prescale_factor, postscale_factor, name=name)
+    return out
+
+
+def grouped_reducescatter(tensors, device_dense="", compression=Compression.none, op=Average,
+                          process_set=global_process_set, prescale_factor=1.0,
+                          postscale_factor=1.0, name=None):
+    """Reduce, then give rank i the i-th block of the first axis (lower ranks get extra rows)."""
+    _ops._check_process_set(process_set)
+    op = _ops._resolve_op(op, None)
+    if op not in (Average, Sum):
+        raise NotImplementedError("reducescatter supports Average and Sum")
+    pairs = [compression.compress(tf.convert_to_tensor(t)) for t in tensors]
+    outs = _ops.reducescatter_raw([p[0] for p in pairs], op, prescale_factor, postscale_factor,
+                                  name or "HorovodReducescatter")
+    return [compression.decompress(o, p[1]) for o, p in zip(outs, pairs)]
+
+
+def barrier(process_set=global_process_set):
+    _ops._check_process_set(process_set)
+    runtime.current("barrier").barrier()
+
+
+def join(device=""):
+    """Every rank calls join() when it is done; returns the rank that joined last.
+
+    Unlike Horovod, ranks that have not joined cannot keep running collectives
+    against joined ones: such a collective raises MismatchError on every rank.
+    """
+    import time
+    comm = runtime.current("join")
+    stamps = comm.allgather_object(time.time())
+    return tf.constant(int(np.argmax(stamps)), dtype=tf.int32)
+
+
+class BroadcastGlobalVariablesHook(tf.compat.v1.train.SessionRunHook):
+    """TF1 ``MonitoredTrainingSession`` hook: broadcast global variables once the session exists."""
+
+    def __init__(self, root_rank, device=""):
+        super().__init__()
+        self.root_rank = root_rank
+        self.bcast_op = None
+
+    def begin(self):
+        if self.bcast_op is None or self.bcast_op.graph != tf.compat.v1.get_default_graph():
+            self.bcast_op = broadcast_global_variables(self.root_rank)
+
+    def after_create_session(self, session, coord):
+        session.run(self.bcast_op)
+
+
+class SyncBatchNormalization:
+    """Not supported: batch statistics are not synchronized across ranks."""
+
+    def __init__(self, fused=False, **kwargs):
+        raise NotImplementedError(
+            "SyncBatchNormalization is not supported by elastic_hvd; use "
+            "keras.layers.BatchNormalization (per-rank statistics)")

@@ -1,0 +1,43 @@
+"""Gradient compression, as Horovod's ``hvd.Compression`` (none, fp16)."""
+
+import tensorflow as tf
+
+
+class Compressor:
+    @staticmethod
+    def compress(tensor):
+        """Returns (compressed tensor, context for decompress)."""
+        raise NotImplementedError
+
+    @staticmethod
+    def decompress(tensor, ctx):
+        raise NotImplementedError
+
+
+class NoneCompressor(Compressor):
+    @staticmethod
+    def compress(tensor):
+        return tensor, None
+
+    @staticmethod
+    def decompress(tensor, ctx):
+        return tensor
+
+
+class FP16Compressor(Compressor):
+    """Floating-point tensors travel as float16 and come back in their own dtype."""
+
+    @staticmethod
+    def compress(tensor):
+        if tensor.dtype.is_floating and tensor.dtype != tf.float16:
+            return tf.cast(tensor, tf.float16), tensor.dtype
+        return tensor, None
+
+    @staticmethod
+    def decompress(tensor, ctx):
+        return tensor if ctx is None else tf.cast(tensor, ctx)
+
+
+class Compression:
+    none = NoneCompressor
+    fp16 = FP16Compressor

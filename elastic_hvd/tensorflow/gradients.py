@@ -1,0 +1,207 @@
+"""Averaging gradients across ranks: DistributedOptimizer and DistributedGradientTape.
+
+Both use one :class:`GradientReducer`, so the optimizer path (``model.fit``) and the
+tape path (custom loops) reduce gradients identically: dense gradients in as few
+fused collectives as the fusion threshold allows, ``IndexedSlices`` gathered (or
+densified with ``sparse_as_dense``), local variables left alone.
+"""
+
+import tensorflow as tf
+
+from . import ops
+from .compression import Compression
+from .ops import Average, Sum, global_process_set
+
+
+class GradientReducer:
+    def __init__(self, compression=Compression.none, sparse_as_dense=False, op=Average,
+                 gradient_predivide_factor=1.0, num_groups=0, groups=None,
+                 process_set=global_process_set, scale_local_gradients=True):
+        ops._check_process_set(process_set)
+        self.op = ops._resolve_op(op, None)
+        if self.op not in (Average, Sum):
+            raise ValueError(f"gradients can be reduced with Average or Sum, not {self.op.name}")
+        if gradient_predivide_factor != 1.0 and self.op is not Average:
+            raise ValueError("gradient_predivide_factor needs op=Average")
+        if num_groups and groups is not None:
+            raise ValueError("give num_groups or groups, not both")
+        self.compression = compression
+        self.sparse_as_dense = sparse_as_dense
+        self.predivide = float(gradient_predivide_factor)
+        self.num_groups = int(num_groups or 0)
+        self.groups = groups
+        self.scale_local_gradients = scale_local_gradients
+        self.local_vars = set()
+
+    def register_local_var(self, var):
+        """Gradients of ``var`` stay local (not averaged across ranks)."""
+        self.local_vars.add(id(var))
+
+    def __call__(self, grads, variables=None):
+        grads = list(grads)
+        variables = list(variables) if variables is not None else [None] * len(grads)
+        out = list(grads)
+        dense = []
+        for i, (g, v) in enumerate(zip(grads, variables)):
+            if g is None:
+                continue
+            if v is not None and id(v) in self.local_vars:
+                if self.scale_local_gradients:
+                    out[i] = g / tf.cast(ops.size_op(), g.dtype)
+                continue
+            if isinstance(g, tf.IndexedSlices):
+                if not self.sparse_as_dense:
+                    out[i] = sparse_allreduce(g, self.op)
+                    continue
+                grads[i] = tf.convert_to_tensor(g)
+            dense.append(i)
+        for group in self._partition(dense, variables):
+            compressed = [self.compression.compress(grads[i]) for i in group]
+            reduced = ops._grouped_allreduce(
+                [c[0] for c in compressed], self.op,
+                prescale_factor=1.0 / self.predivide, postscale_factor=self.predivide,
+                name="HorovodGradients")
+            for i, r, (_, ctx) in zip(group, reduced, compressed):
+                out[i] = self.compression.decompress(r, ctx)
+        return out
+
+    def _partition(self, indices, variables):
+        if self.groups is not None:
+            position = {}
+            for k, group in enumerate(self.groups):
+                for v in group:
+                    position[id(v)] = k
+            parts = {}
+            for i in indices:
+                v = variables[i]
+                key = position.get(id(v), len(self.groups) + i) if v is not None else i
+                parts.setdefault(key, []).append(i)
+            return [parts[k] for k in sorted(parts)]
+        if self.num_groups > 1:
+            n = self.num_groups
+            return [p for p in (indices[k::n] for k in range(n)) if p]
+        return [indices] if indices else []
+
+
+def sparse_allreduce(slices, op):
+    """IndexedSlices: gather every rank's values and indices (Average divides values)."""
+    values, size = ops._allgather_with_size(slices.values, "HorovodAllgatherValues")
+    indices = ops.allgather_rows(slices.indices, "HorovodAllgatherIndices")
+    if op is Average:
+        values = values / tf.cast(size, values.dtype)
+    return tf.IndexedSlices(values, indices, dense_shape=slices.dense_shape)
+
+
+_REDUCER_KWARGS = ("compression", "sparse_as_dense", "op", "gradient_predivide_factor",
+                   "num_groups", "groups", "process_set", "scale_local_gradients")
+
+
+def _distributed_class(base):
+    """A subclass of ``base`` (same name, module and config) that averages gradients."""
+    cache = _distributed_class.cache
+    if base in cache:
+        return cache[base]
+    body = {"_hvd_distributed": True,
+            "register_local_var": lambda self, var: self._hvd_reducer.register_local_var(var)}
+    if hasattr(base, "stateless_apply"):  # Keras 3: model.fit calls apply()
+        def apply(self, grads, trainable_variables=None):
+            if trainable_variables is not None:
+                grads = self._hvd_reducer(list(grads), list(trainable_variables))
+            else:
+                grads = self._hvd_reducer(list(grads), list(self._trainable_variables))
+            return base.apply(self, grads, trainable_variables)
+        body["apply"] = apply
+    elif issubclass(base, tf.compat.v1.train.Optimizer):  # TF1-style optimizers
+        def compute_gradients(self, *args, **kwargs):
+            pairs = base.compute_gradients(self, *args, **kwargs)
+            grads = self._hvd_reducer([g for g, _ in pairs], [v for _, v in pairs])
+            return list(zip(grads, [v for _, v in pairs]))
+        body["compute_gradients"] = compute_gradients
+    else:  # tf_keras / Keras 2 optimizers
+        def apply_gradients(self, grads_and_vars, *args, **kwargs):
+            pairs = list(grads_and_vars)
+            grads = self._hvd_reducer([g for g, _ in pairs], [v for _, v in pairs])
+            return base.apply_gradients(self, list(zip(grads, [v for _, v in pairs])),
+                                        *args, **kwargs)
+        body["apply_gradients"] = apply_gradients
+    cls = type(base.__name__, (base,), body)
+    cls.__module__, cls.__qualname__ = base.__module__, base.__qualname__
+    cache[base] = cls
+    return cls
+
+
+_distributed_class.cache = {}
+
+
+def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="",
+                         device_sparse="", compression=Compression.none, sparse_as_dense=False,
+                         backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0,
+                         average_aggregated_gradients=False, num_groups=0, groups=None,
+                         process_set=global_process_set, scale_local_gradients=True):
+    """Wrap a Keras (3 or 2/tf_keras) or TF1 optimizer so that it averages gradients.
+
+    The wrapper is a subclass with the optimizer's own class name, module and
+    config: a model saved with it loads without elastic_hvd.
+    """
+    if backward_passes_per_step != 1:
+        raise NotImplementedError(
+            "backward_passes_per_step > 1 (local gradient accumulation) is not supported by "
+            "elastic_hvd yet; use a larger batch instead")
+    reducer = GradientReducer(compression, sparse_as_dense, op, gradient_predivide_factor,
+                              num_groups, groups, process_set, scale_local_gradients)
+    if getattr(optimizer, "_hvd_distributed", False):
+        raise ValueError("this optimizer is already a DistributedOptimizer")
+    cls = _distributed_class(type(optimizer))
+    if issubclass(cls, tf.compat.v1.train.Optimizer):
+        wrapped = cls.__new__(cls)
+        wrapped.__dict__.update(optimizer.__dict__)
+    else:
+        wrapped = cls.from_config(optimizer.get_config())
+    wrapped._hvd_reducer = reducer
+    return wrapped
+
+
+class DistributedGradientTape:
+    """Wraps a ``tf.GradientTape``: ``gradient()`` returns gradients averaged across ranks."""
+
+    def __init__(self, gradtape, device_dense="", device_sparse="", compression=Compression.none,
+                 sparse_as_dense=False, op=Average, gradient_predivide_factor=1.0, num_groups=0,
+                 groups=None, process_set=global_process_set, scale_local_gradients=True):
+        self._tape = gradtape
+        self._reducer = GradientReducer(compression, sparse_as_dense, op,
+                                        gradient_predivide_factor, num_groups, groups,
+                                        process_set, scale_local_gradients)
+
+    def __enter__(self):
+        self._tape.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self._tape.__exit__(*exc)
+
+    def __getattr__(self, name):
+        return getattr(self._tape, name)
+
+    def register_local_source(self, source):
+        self._reducer.register_local_var(source)
+
+    def gradient(self, target, sources, output_gradients=None, **kwargs):
+        grads = self._tape.gradient(target, sources, output_gradients, **kwargs)
+        flat = tf.nest.flatten(grads)
+        reduced = self._reducer(flat, tf.nest.flatten(sources))
+        return tf.nest.pack_sequence_as(grads, reduced)
+
+
+def PartialDistributedGradientTape(gradtape, device_dense="", device_sparse="",
+                                   compression=Compression.none, sparse_as_dense=False, op=Average,
+                                   gradient_predivide_factor=1.0, num_groups=0, groups=None,
+                                   process_set=global_process_set, local_layers=None,
+                                   scale_local_gradients=True):
+    """A DistributedGradientTape whose ``local_layers`` keep their gradients local."""
+    tape = DistributedGradientTape(gradtape, device_dense, device_sparse, compression,
+                                   sparse_as_dense, op, gradient_predivide_factor, num_groups,
+                                   groups, process_set, scale_local_gradients)
+    for layer in local_layers or []:
+        for var in layer.trainable_weights:
+            tape.register_local_source(var)
+    return tape

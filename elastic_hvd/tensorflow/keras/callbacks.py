@@ -1,0 +1,180 @@
+"""Horovod's Keras callbacks (``hvd.callbacks``), for Keras 3, tf_keras and Keras 2.
+
+Learning rates are read and set through :func:`get_lr` / :func:`set_lr`, which
+work for every Keras flavour; the membership-aware callbacks live in the
+top-level ``keras_callbacks`` package.
+"""
+
+import numpy as np
+import tensorflow as tf
+
+from ...core import ReduceOp, runtime
+from .. import broadcast_variables
+
+keras = tf.keras
+
+
+def get_lr(optimizer):
+    lr = optimizer.learning_rate
+    return float(lr.numpy() if hasattr(lr, "numpy") else lr)
+
+
+def set_lr(optimizer, value):
+    lr = optimizer.learning_rate
+    if hasattr(lr, "assign"):
+        lr.assign(value)
+    else:
+        optimizer.learning_rate = value
+
+
+def _momentum(optimizer):
+    return getattr(optimizer, "momentum", None)
+
+
+class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
+    """Broadcast the model's and optimizer's variables from ``root_rank`` once.
+
+    It runs at the end of the first batch, when the optimizer's slots exist, as
+    Horovod does (and at the start of training for what already exists).
+    """
+
+    def __init__(self, root_rank, device="", local_variables=None):
+        super().__init__()
+        self.root_rank = root_rank
+        self.local_variables = {id(v) for v in local_variables or []}
+        self.broadcast_done = False
+
+    def _broadcast(self):
+        variables = list(self.model.variables)
+        optimizer = getattr(self.model, "optimizer", None)
+        if optimizer is not None:
+            variables += list(optimizer.variables() if callable(optimizer.variables)
+                              else optimizer.variables)
+        broadcast_variables([v for v in variables if id(v) not in self.local_variables],
+                            self.root_rank)
+
+    def on_train_begin(self, logs=None):
+        self._broadcast()
+
+    def on_train_batch_end(self, batch, logs=None):
+        if not self.broadcast_done:
+            self._broadcast()
+            self.broadcast_done = True
+
+
+class MetricAverageCallback(keras.callbacks.Callback):
+    """Average the epoch's metrics (the ``logs`` dict) over the live ranks."""
+
+    def __init__(self, device=""):
+        super().__init__()
+
+    def on_epoch_end(self, epoch, logs=None):
+        if not logs:
+            return
+        keys = sorted(k for k, v in logs.items() if np.ndim(v) == 0)
+        values = np.array([float(logs[k]) for k in keys], dtype=np.float64)
+        averaged = runtime.current("MetricAverageCallback").allreduce(values, op=ReduceOp.AVERAGE)
+        for key, value in zip(keys, averaged):
+            logs[key] = float(value)
+
+
+class LearningRateScheduleCallback(keras.callbacks.Callback):
+    """lr = initial_lr * multiplier(epoch) between start_epoch and end_epoch.
+
+    ``multiplier`` is a constant or a function of the (fractional, unless
+    ``staircase``) epoch.  With ``momentum_correction`` the momentum is scaled by
+    new_lr / old_lr for one batch after a change, as in Goyal et al. (2017).
+    """
+
+    def __init__(self, initial_lr, multiplier, start_epoch=0, end_epoch=None, staircase=True,
+                 momentum_correction=True, steps_per_epoch=None):
+        super().__init__()
+        self.initial_lr = initial_lr
+        self.multiplier = multiplier if callable(multiplier) else (lambda epoch: multiplier)
+        self.start_epoch, self.end_epoch = start_epoch, end_epoch
+        self.staircase = staircase
+        self.momentum_correction = momentum_correction
+        self.steps_per_epoch = steps_per_epoch
+        self.current_epoch = 0
+        self._restore_momentum = None
+
+    def _steps(self):
+        if self.steps_per_epoch is None:
+            self.steps_per_epoch = self.params.get("steps") or 1
+        return self.steps_per_epoch
+
+    def _in_range(self, epoch):
+        return epoch >= self.start_epoch and (self.end_epoch is None or epoch < self.end_epoch)
+
+    def _adjust(self, epoch):
+        optimizer = self.model.optimizer
+        old_lr = get_lr(optimizer)
+        new_lr = self.initial_lr * self.multiplier(epoch)
+        set_lr(optimizer, new_lr)
+        momentum = _momentum(optimizer)
+        if self.momentum_correction and momentum is not None and old_lr > 0 and new_lr != old_lr:
+            value = float(momentum.numpy() if hasattr(momentum, "numpy") else momentum)
+            self._restore_momentum = value
+            self._set_momentum(optimizer, value * new_lr / old_lr)
+
+    @staticmethod
+    def _set_momentum(optimizer, value):
+        if hasattr(optimizer.momentum, "assign"):
+            optimizer.momentum.assign(value)
+        else:
+            optimizer.momentum = value
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.current_epoch = epoch
+        if self.staircase and self._in_range(epoch):
+            self._adjust(epoch)
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if self._restore_momentum is not None:
+            self._set_momentum(self.model.optimizer, self._restore_momentum)
+            self._restore_momentum = None
+        if not self.staircase and self._in_range(self.current_epoch):
+            self._adjust(self.current_epoch + batch / self._steps())
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs is not None:
+            logs["lr"] = get_lr(self.model.optimizer)
+
+
+class LearningRateWarmupCallback(LearningRateScheduleCallback):
+    """Ramp the lr from initial_lr / size to initial_lr over ``warmup_epochs`` (Goyal et al.)."""
+
+    def __init__(self, initial_lr, warmup_epochs=5, momentum_correction=True,
+                 steps_per_epoch=None, verbose=0):
+        def multiplier(epoch):
+            size = runtime.current("LearningRateWarmupCallback").size
+            epoch += 1.0 / self._steps()
+            return 1.0 / size * (epoch * (size - 1) / warmup_epochs + 1)
+
+        super().__init__(initial_lr, multiplier, start_epoch=0, end_epoch=warmup_epochs,
+                         staircase=False, momentum_correction=momentum_correction,
+                         steps_per_epoch=steps_per_epoch)
+        self.verbose = verbose
+
+    def on_epoch_end(self, epoch, logs=None):
+        super().on_epoch_end(epoch, logs)
+        if epoch == self.end_epoch - 1 and self.verbose > 0 and \
+                runtime.current("LearningRateWarmupCallback").rank == 0:
+            print(f"\nEpoch {epoch + 1}: finished gradual learning rate warmup to "
+                  f"{get_lr(self.model.optimizer):g}.")
+
+
+class BestModelCheckpoint(keras.callbacks.ModelCheckpoint):
+    """Keep the best model (by ``monitor``), written by the lowest live rank only."""
+
+    def __init__(self, monitor="val_loss", verbose=0, save_weights_only=False, mode="auto",
+                 save_freq="epoch", filepath=None):
+        if filepath is None:
+            filepath = "best.weights.h5" if save_weights_only else "best.keras"
+        super().__init__(filepath=filepath, monitor=monitor, verbose=verbose,
+                         save_best_only=True, save_weights_only=save_weights_only, mode=mode,
+                         save_freq=save_freq)
+
+    def _save_model(self, *args, **kwargs):
+        if runtime.current("BestModelCheckpoint").rank == 0:
+            return super()._save_model(*args, **kwargs)

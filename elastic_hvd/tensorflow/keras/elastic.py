@@ -1,0 +1,46 @@
+"""``hvd.elastic`` for Keras: state objects and the commit/update callbacks."""
+
+import tensorflow as tf
+
+from ..elastic import TensorFlowKerasState as KerasState  # noqa: F401
+from ..elastic import run  # noqa: F401
+
+
+class CommitStateCallback(tf.keras.callbacks.Callback):
+    """Commit ``state`` every ``batches_per_commit`` batches."""
+
+    def __init__(self, state, batches_per_commit=1):
+        super().__init__()
+        self.state, self.batches_per_commit = state, batches_per_commit
+        self.batches_remaining = batches_per_commit
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.batches_remaining -= 1
+        if self.batches_remaining == 0:
+            self.state.commit()
+            self.batches_remaining = self.batches_per_commit
+
+
+class UpdateBatchStateCallback(tf.keras.callbacks.Callback):
+    """Keep ``state.batch`` equal to the current batch."""
+
+    def __init__(self, state):
+        super().__init__()
+        self.state = state
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.state.batch = batch + 1
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.state.batch = 0
+
+
+class UpdateEpochStateCallback(tf.keras.callbacks.Callback):
+    """Keep ``state.epoch`` equal to the current epoch."""
+
+    def __init__(self, state):
+        super().__init__()
+        self.state = state
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.state.epoch = epoch + 1

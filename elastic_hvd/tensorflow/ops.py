@@ -1,0 +1,282 @@
+"""TensorFlow ops over the resilient core, eager and inside ``tf.function``.
+
+Each collective is one ``tf.numpy_function`` (stateful), which calls the core
+with numpy views of the tensors.  Being stateful, the ops keep program order
+under ``tf.function``'s automatic control dependencies, so every rank issues its
+collectives in the same order.  Everything that depends on the membership
+(averaging, rank, size) is computed inside the op when it runs, never traced
+into the graph: a compiled step keeps averaging over the survivors after a loss.
+"""
+
+import os
+import time
+
+import numpy as np
+import tensorflow as tf
+
+from ..core import ReduceOp, runtime
+from ..core.collectives import even_splits
+from . import timeline
+
+Average, Sum, Adasum, Min, Max, Product = (
+    ReduceOp.AVERAGE, ReduceOp.SUM, ReduceOp.ADASUM, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT)
+
+#: Horovod's default fusion buffer (bytes); HOROVOD_FUSION_THRESHOLD overrides it.
+DEFAULT_FUSION_THRESHOLD = 128 * 1024 * 1024
+
+
+class ProcessSet:
+    """A set of ranks.  Only the global set (all live ranks) is supported."""
+
+    def __init__(self, ranks_or_comm=None):
+        self.ranks = None if ranks_or_comm is None else list(ranks_or_comm)
+        self.process_set_id = 0 if ranks_or_comm is None else None
+
+    def size(self):
+        return _comm().size
+
+    def rank(self):
+        return _comm().rank
+
+    def included(self):
+        return True
+
+    def __repr__(self):
+        return "ProcessSet(global)" if self.ranks is None else f"ProcessSet({self.ranks})"
+
+
+global_process_set = ProcessSet()
+
+
+def add_process_set(process_set):
+    raise NotImplementedError("elastic_hvd supports only the global process set")
+
+
+def remove_process_set(process_set):
+    raise NotImplementedError("elastic_hvd supports only the global process set")
+
+
+def _check_process_set(process_set):
+    if process_set is not global_process_set and getattr(process_set, "ranks", None) is not None:
+        raise NotImplementedError("elastic_hvd supports only the global process set")
+
+
+def _comm():
+    return runtime.current("a collective")
+
+
+def _resolve_op(op, average, default=Average):
+    if op is not None and average is not None:
+        raise ValueError("give either op= or the deprecated average=, not both")
+    if op is None:
+        op = default if average is None else (Average if average else Sum)
+    op = ReduceOp(op)
+    if op is Adasum:
+        raise NotImplementedError("Adasum is not supported by elastic_hvd; use Average or Sum")
+    return op
+
+
+def _numpy_op(name, fn, inputs, tout):
+    """Run ``fn`` (numpy in, numpy out) as a stateful op, traced in the timeline."""
+    def call(*arrays):
+        started = time.perf_counter()
+        try:
+            return fn(*arrays)
+        finally:
+            timeline.record(name, started, time.perf_counter())
+    outputs = tf.numpy_function(call, inputs, tout, stateful=True, name=name)
+    if isinstance(tout, (list, tuple)) and not isinstance(outputs, (list, tuple)):
+        outputs = [outputs]  # a one-element Tout comes back as a bare tensor
+    return outputs
+
+
+_WIDEN = {tf.bfloat16: tf.float32}
+
+
+def _cast_in(tensor):
+    """bfloat16 has no numpy reduction: reduce it in float32."""
+    wide = _WIDEN.get(tensor.dtype)
+    return (tf.cast(tensor, wide), tensor.dtype) if wide else (tensor, None)
+
+
+def _fusion_threshold():
+    return int(os.environ.get("HOROVOD_FUSION_THRESHOLD", DEFAULT_FUSION_THRESHOLD))
+
+
+def fused_allreduce(arrays, op, prescale_factor=1.0, postscale_factor=1.0):
+    """Allreduce many numpy arrays in as few collectives as possible.
+
+    Arrays of one dtype are packed into buffers of at most the fusion threshold;
+    each buffer is one resilient collective.
+    """
+    comm = _comm()
+    results = [None] * len(arrays)
+    by_dtype = {}
+    for i, a in enumerate(arrays):
+        by_dtype.setdefault(a.dtype, []).append(i)
+    threshold = _fusion_threshold()
+    for dtype, indices in by_dtype.items():
+        batch, nbytes = [], 0
+        for i in indices + [None]:
+            if i is not None and (not batch or nbytes + arrays[i].nbytes <= threshold):
+                batch.append(i)
+                nbytes += arrays[i].nbytes
+                continue
+            if len(batch) == 1:
+                j = batch[0]
+                results[j] = comm.allreduce(arrays[j], op=op, prescale_factor=prescale_factor,
+                                            postscale_factor=postscale_factor)
+            else:
+                flat = np.concatenate([arrays[j].reshape(-1) for j in batch])
+                reduced = comm.allreduce(flat, op=op, prescale_factor=prescale_factor,
+                                         postscale_factor=postscale_factor)
+                offset = 0
+                for j in batch:
+                    size = arrays[j].size
+                    results[j] = reduced[offset:offset + size].reshape(arrays[j].shape)
+                    offset += size
+            batch, nbytes = ([i], arrays[i].nbytes) if i is not None else ([], 0)
+    return results
+
+
+def _grouped_allreduce_raw(tensors, op, prescale_factor, postscale_factor, name):
+    cast = [_cast_in(t) for t in tensors]
+    inputs = [c[0] for c in cast]
+
+    def fn(*arrays):
+        return fused_allreduce(list(arrays), op, prescale_factor, postscale_factor)
+
+    outputs = _numpy_op(name or "HorovodGroupedAllreduce", fn, inputs, [t.dtype for t in inputs])
+    results = []
+    for out, (inp, original) in zip(outputs, cast):
+        out.set_shape(inp.shape)
+        results.append(tf.cast(out, original) if original is not None else out)
+    return results
+
+
+def _grouped_allreduce(tensors, op, prescale_factor=1.0, postscale_factor=1.0, name=None):
+    """Differentiable grouped allreduce: the gradient is the same allreduce of the gradients."""
+    if not tensors:
+        return []
+
+    @tf.custom_gradient
+    def reduce(*xs):
+        ys = _grouped_allreduce_raw(list(xs), op, prescale_factor, postscale_factor, name)
+
+        def grad(*dys):
+            if op in (Min, Max, Product):
+                raise NotImplementedError(f"no gradient for allreduce with op {op.name}")
+            return _grouped_allreduce_raw(list(dys), op, prescale_factor, postscale_factor,
+                                          (name or "HorovodAllreduce") + "_grad")
+        return ys, grad
+
+    return list(reduce(*tensors))
+
+
+def _allgather_with_size(tensor, name):
+    """(gathered, live size at the time of the gather) for one tensor."""
+    def fn(x):
+        comm = _comm()
+        return comm.allgather(x), np.int32(comm.size)
+
+    gathered, size = _numpy_op(name, fn, [tensor], [tensor.dtype, tf.int32])
+    gathered.set_shape(tf.TensorShape([None]).concatenate(tensor.shape[1:]))
+    return gathered, size
+
+
+def _allgather(tensor, name=None):
+    name = name or "HorovodAllgather"
+
+    @tf.custom_gradient
+    def gather(x):
+        y, _ = _allgather_with_size(x, name)
+
+        def grad(dy):
+            # Sum the gradients of every rank, then keep the rows this rank gave.
+            summed = _grouped_allreduce_raw([dy], Sum, 1.0, 1.0, name + "_grad")[0]
+            rows = _allgather_with_size(tf.shape(x)[:1], name + "_grad_rows")[0]
+            me = rank_op()
+            start = tf.reduce_sum(rows[:me])
+            return summed[start:start + rows[me]]
+        return y, grad
+
+    return gather(tensor)
+
+
+def _broadcast(tensor, root_rank, name=None):
+    name = name or "HorovodBroadcast"
+
+    def raw(x):
+        y = _numpy_op(name, lambda a: _comm().broadcast(a, root_rank=root_rank), [x], x.dtype)
+        y.set_shape(x.shape)
+        return y
+
+    @tf.custom_gradient
+    def bcast(x):
+        def grad(dy):
+            summed = _grouped_allreduce_raw([dy], Sum, 1.0, 1.0, name + "_grad")[0]
+            return tf.where(tf.equal(rank_op(), root_rank), summed, tf.zeros_like(summed))
+        return raw(x), grad
+
+    return bcast(tensor)
+
+
+def _scalar_op(name, value):
+    return _numpy_op(name, lambda: np.int32(value()), [], tf.int32)
+
+
+def size_op(process_set_id=0, name=None):
+    """The live size, read when the op runs."""
+    return _scalar_op(name or "HorovodSize", lambda: _comm().size)
+
+
+def rank_op(name=None):
+    return _scalar_op(name or "HorovodRank", lambda: _comm().rank)
+
+
+def local_size_op(name=None):
+    from .. import basics
+    return _scalar_op(name or "HorovodLocalSize", basics.local_size)
+
+
+def local_rank_op(name=None):
+    from .. import basics
+    return _scalar_op(name or "HorovodLocalRank", basics.local_rank)
+
+
+def process_set_included_op(process_set_id=0, name=None):
+    return tf.constant(1, dtype=tf.int32)
+
+
+def allgather_rows(tensor, name):
+    """Gather of a 1-D tensor of row counts (helper for IndexedSlices and splits)."""
+    return _allgather_with_size(tensor, name)[0]
+
+
+def alltoall_raw(tensor, splits, name):
+    def fn(x, s):
+        received, rsplits = _comm().alltoall(x, splits=None if s.size == 0 else s)
+        return received, rsplits.astype(np.int32)
+
+    splits = tf.zeros([0], tf.int32) if splits is None else tf.cast(splits, tf.int32)
+    out, rsplits = _numpy_op(name, fn, [tensor, splits], [tensor.dtype, tf.int32])
+    out.set_shape(tf.TensorShape([None]).concatenate(tensor.shape[1:]))
+    rsplits.set_shape([None])
+    return out, rsplits
+
+
+def reducescatter_raw(tensors, op, prescale_factor, postscale_factor, name):
+    def fn(*arrays):
+        comm = _comm()
+        return [comm.reducescatter(a, op=op, prescale_factor=prescale_factor,
+                                   postscale_factor=postscale_factor) for a in arrays]
+
+    outs = _numpy_op(name, fn, list(tensors), [t.dtype for t in tensors])
+    for out, t in zip(outs, tensors):
+        out.set_shape(tf.TensorShape([None]).concatenate(t.shape[1:]))
+    return list(outs)
+
+
+def even_rows(rows, parts):
+    """Rows of each rank's block in a reducescatter (lower ranks get the extra rows)."""
+    return even_splits(rows, parts)

@@ -1,0 +1,50 @@
+"""A Chrome-trace timeline of the collectives, like Horovod's ``HOROVOD_TIMELINE``.
+
+``start_timeline(path)`` records one complete event ("ph": "X") per collective
+op until ``stop_timeline()``, which writes the JSON array that chrome://tracing
+and Perfetto read.  Each rank writes its own file when the path contains ``{rank}``;
+otherwise only the lowest rank writes.
+"""
+
+import json
+import os
+import threading
+import time
+
+_lock = threading.Lock()
+_events = None
+_path = None
+_epoch = time.perf_counter()
+
+
+def start_timeline(file_path, mark_cycles=False):
+    global _events, _path
+    with _lock:
+        _events, _path = [], file_path
+
+
+def record(name, started, finished):
+    if _events is None:
+        return
+    with _lock:
+        if _events is not None:
+            _events.append({"name": name, "cat": "collective", "ph": "X", "pid": os.getpid(),
+                            "tid": 0, "ts": (started - _epoch) * 1e6,
+                            "dur": (finished - started) * 1e6})
+
+
+def stop_timeline():
+    global _events, _path
+    from ..core import runtime
+    with _lock:
+        events, path, _events, _path = _events, _path, None, None
+    if events is None:
+        return
+    rank = runtime.current().rank if runtime.is_initialized() else 0
+    if "{rank}" in path:
+        path = path.format(rank=rank)
+    elif rank != 0:
+        return
+    with open(path + ".tmp", "w") as f:
+        json.dump(events, f)
+    os.replace(path + ".tmp", path)

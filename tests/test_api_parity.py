@@ -1,0 +1,52 @@
+"""Every public name of Horovod 0.28.1's TF/Keras API exists here with Horovod's parameters.
+
+Horovod's parameters must come first and in Horovod's order (so positional calls
+work); elastic_hvd may add parameters after them.
+"""
+
+import importlib
+import inspect
+
+import pytest
+
+from horovod_api_0_28_1 import HOROVOD_API
+
+MODULES = {
+    "horovod.tensorflow": "elastic_hvd.tensorflow",
+    "horovod.tensorflow.keras": "elastic_hvd.tensorflow.keras",
+    "horovod.tensorflow.keras.callbacks": "elastic_hvd.tensorflow.keras.callbacks",
+    "horovod.tensorflow.keras.elastic": "elastic_hvd.tensorflow.keras.elastic",
+    "horovod.tensorflow.elastic": "elastic_hvd.tensorflow.elastic",
+    "horovod.keras": "elastic_hvd.keras",
+}
+
+CASES = [(module, name, params) for module, names in HOROVOD_API.items()
+         for name, params in names.items()]
+
+
+def _parameters(obj):
+    target = obj.__init__ if inspect.isclass(obj) else obj
+    names = [p.name for p in inspect.signature(target).parameters.values()
+             if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    return names[1:] if inspect.isclass(obj) else names
+
+
+@pytest.mark.parametrize("module,name,params", CASES,
+                         ids=[f"{m}.{n}" for m, n, _ in CASES])
+def test_name_and_parameters(module, name, params):
+    ours = importlib.import_module(MODULES[module])
+    assert hasattr(ours, name), f"{MODULES[module]} lacks {name}"
+    if params is None:
+        return
+    expected = [p for p in params if not p.startswith("*")]
+    got = _parameters(getattr(ours, name))
+    assert got[:len(expected)] == expected, f"{name}: ours {got}, Horovod {expected}"
+
+
+def test_calls_before_init_raise_a_clear_error():
+    import elastic_hvd.tensorflow.keras as hvd
+    from elastic_hvd.core import NotInitializedError
+    if hvd.is_initialized():
+        pytest.skip("initialized by another test in this process")
+    with pytest.raises(NotInitializedError, match="hvd.init"):
+        hvd.size()

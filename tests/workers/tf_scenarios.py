@@ -1,0 +1,127 @@
+"""Multi-rank TensorFlow/Keras scenarios; each rank reports JSON (see report.py).
+
+    python tf_scenarios.py <scenario> [args...]
+"""
+
+import hashlib
+import os
+import sys
+
+import numpy as np
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+import tensorflow as tf  # noqa: E402
+
+import report  # noqa: E402
+
+if os.environ.get("TEST_AS_HOROVOD"):
+    import horovod.tensorflow.keras as hvd  # noqa: E402  (resolved by --as-horovod)
+else:
+    import elastic_hvd.tensorflow.keras as hvd  # noqa: E402
+import elastic_hvd.tensorflow as hvd_tf  # noqa: E402
+from elastic_hvd.core import faults, runtime  # noqa: E402
+
+keras = tf.keras
+
+
+def digest(arrays):
+    h = hashlib.sha256()
+    for a in arrays:
+        h.update(np.ascontiguousarray(a).tobytes())
+    return h.hexdigest()
+
+
+def small_model(seed=0):
+    keras.utils.set_random_seed(seed)
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="tanh"),
+                              keras.layers.Dense(3)])
+    return model
+
+
+def fit_equivalence(global_batch="32", steps="6"):
+    """Train on this rank's share of each global batch; report the final weights."""
+    global_batch, steps = int(global_batch), int(steps)
+    n, r = hvd.size(), hvd.rank()
+    rng = np.random.default_rng(7)
+    x = rng.normal(size=(global_batch * steps, 8)).astype(np.float32)
+    y = rng.normal(size=(global_batch * steps, 3)).astype(np.float32)
+    local = global_batch // n
+    # Global batch b is rows [b*G, (b+1)*G); this rank takes its contiguous slice of each.
+    idx = np.concatenate([np.arange(b * global_batch + r * local, b * global_batch + (r + 1) * local)
+                          for b in range(steps)])
+    model = small_model()
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.1)), loss="mse")
+    model.fit(x[idx], y[idx], batch_size=local, epochs=1, shuffle=False, verbose=0,
+              callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+    weights = model.get_weights()
+    np.savez(os.path.join(os.environ["TEST_OUT_DIR"], f"weights{hvd.rank()}_of{n}.npz"), *weights)
+    report.write(runtime.current().original_id, digest=digest(weights),
+                 optimizer_class=type(model.optimizer).__name__,
+                 optimizer_config_class=model.optimizer.get_config().get("name"))
+
+
+class StepDeltas(keras.callbacks.Callback):
+    """Records the kernel after every step and reports steps to the fault plan."""
+
+    def __init__(self):
+        super().__init__()
+        self.kernels, self.sizes = [], []
+
+    def on_train_batch_begin(self, batch, logs=None):
+        faults.at_step(batch + 1)
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.kernels.append(self.model.layers[0].kernel.numpy().copy())
+        self.sizes.append(hvd.size())
+
+
+def fit_gradient_scale(steps="12"):
+    """Loss = mean(x @ w) with x = c_r on rank r: each step moves w by -lr * mean(c_live)."""
+    steps = int(steps)
+    me = runtime.current().original_id
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1, use_bias=False,
+                                                                    kernel_initializer="zeros")])
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(1.0)),
+                  loss=lambda y_true, y_pred: tf.reduce_mean(y_pred))
+    x = np.full((steps * 4, 1), float(1 << me), dtype=np.float32)  # c_r = 2**r: sums identify ranks
+    recorder = StepDeltas()
+    model.fit(x, np.zeros_like(x), batch_size=4, epochs=1, shuffle=False, verbose=0,
+              callbacks=[recorder])
+    kernels = [float(k.ravel()[0]) for k in recorder.kernels]
+    deltas = [b - a for a, b in zip([0.0] + kernels[:-1], kernels)]
+    report.write(me, deltas=deltas, sizes=recorder.sizes, ids=list(runtime.current().ids),
+                 digest=digest(model.get_weights()))
+
+
+def tape_loop(steps="5"):
+    """A custom loop with DistributedGradientTape inside tf.function."""
+    model = small_model()
+    opt = keras.optimizers.SGD(0.1)
+    rng = np.random.default_rng(hvd.rank())
+    x = tf.constant(rng.normal(size=(16, 8)).astype(np.float32))
+    y = tf.constant(rng.normal(size=(16, 3)).astype(np.float32))
+
+    @tf.function
+    def step():
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean((model(x) - y) ** 2)
+        tape = hvd_tf.DistributedGradientTape(tape)
+        grads = tape.gradient(loss, model.trainable_variables)
+        opt.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+
+    hvd_tf.broadcast_variables(model.variables, 0)
+    for _ in range(int(steps)):
+        step()
+    report.write(runtime.current().original_id, digest=digest(model.get_weights()))
+
+
+def main():
+    scenario, args = sys.argv[1], sys.argv[2:]
+    hvd.init()
+    globals()[scenario](*args)
+
+
+if __name__ == "__main__":
+    main()
