@@ -1,0 +1,60 @@
+"""The Horovod TF/Keras API on real multi-rank jobs (Keras 3 by default)."""
+
+import numpy as np
+import pytest
+
+from mpijob import run_job
+
+pytestmark = pytest.mark.multirank
+
+
+@pytest.mark.parametrize("np_", [2, 4])
+def test_tf_ops_match_numpy_eager_and_graph(tmp_path, np_):
+    job = run_job("tf_numerics.py", np=np_, tmp_path=tmp_path, timeout=300)
+    assert sorted(job.results) == list(range(np_)), job.output[-3000:]
+    for rank, result in job.results.items():
+        assert result["failures"] == [], f"rank {rank}: {result['failures']}"
+
+
+def test_two_rank_fit_equals_one_rank_on_the_concatenated_batch(tmp_path):
+    two = run_job("tf_scenarios.py", "fit_equivalence", 32, 6, np=2, tmp_path=tmp_path / "two",
+                  timeout=300)
+    one = run_job("tf_scenarios.py", "fit_equivalence", 32, 6, np=1, tmp_path=tmp_path / "one",
+                  timeout=300)
+    assert two.results[0]["digest"] == two.results[1]["digest"]
+    # The wrapped optimizer keeps its class name and config (saved models load without us).
+    assert two.results[0]["optimizer_class"] == "SGD"
+    a = np.load(tmp_path / "two" / "out" / "weights0_of2.npz")
+    b = np.load(tmp_path / "one" / "out" / "weights0_of1.npz")
+    for key in a:
+        np.testing.assert_allclose(a[key], b[key], atol=1e-5)
+    assert any(np.abs(a[k]).sum() > 0 for k in a)
+
+
+def test_after_a_kill_in_fit_survivors_average_over_survivors(tmp_path):
+    # x = 2**r on rank r and loss = mean(x @ w): every step moves w by -mean(2**r) over live ranks.
+    job = run_job("tf_scenarios.py", "fit_gradient_scale", 12, np=4, faults="rank=2,step=6",
+                  tmp_path=tmp_path, timeout=300)
+    assert sorted(job.results) == [0, 1, 3], job.output[-3000:]
+    digests = {r["digest"] for r in job.results.values()}
+    assert len(digests) == 1, "survivors' weights differ"
+    for r in job.results.values():
+        sizes, deltas = r["sizes"], r["deltas"]
+        assert sizes[:5] == [4] * 5 and sizes[5:] == [3] * 7, sizes
+        for size, delta in zip(sizes, deltas):
+            expected = -(1 + 2 + 4 + 8) / 4 if size == 4 else -(1 + 2 + 8) / 3
+            assert delta == pytest.approx(expected, rel=1e-6)
+
+
+def test_distributed_gradient_tape_in_tf_function(tmp_path):
+    job = run_job("tf_scenarios.py", "tape_loop", 5, np=2, tmp_path=tmp_path, timeout=300)
+    assert len({r["digest"] for r in job.results.values()}) == 1
+
+
+def test_unchanged_horovod_script_runs_as_horovod(tmp_path):
+    job = run_job("horovod_script.py", np=2, launcher=["--as-horovod"], tmp_path=tmp_path,
+                  timeout=300)
+    assert "`import horovod` resolves to elastic_hvd" in job.output
+    results = list(job.results.values())
+    assert [r["module"] for r in results] == ["elastic_hvd.tensorflow.keras"] * 2
+    assert results[0]["weights"] == results[1]["weights"]
