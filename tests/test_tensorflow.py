@@ -16,14 +16,18 @@ def test_tf_ops_match_numpy_eager_and_graph(tmp_path, np_):
         assert result["failures"] == [], f"rank {rank}: {result['failures']}"
 
 
-def test_two_rank_fit_equals_one_rank_on_the_concatenated_batch(tmp_path):
+@pytest.mark.parametrize("flavour", ["keras3", "tf_keras"])
+def test_two_rank_fit_equals_one_rank_on_the_concatenated_batch(tmp_path, flavour):
+    env = {"TF_USE_LEGACY_KERAS": "1"} if flavour == "tf_keras" else {}
     two = run_job("tf_scenarios.py", "fit_equivalence", 32, 6, np=2, tmp_path=tmp_path / "two",
-                  timeout=300)
+                  timeout=300, env=env)
     one = run_job("tf_scenarios.py", "fit_equivalence", 32, 6, np=1, tmp_path=tmp_path / "one",
-                  timeout=300)
+                  timeout=300, env=env)
     assert two.results[0]["digest"] == two.results[1]["digest"]
     # The wrapped optimizer keeps its class name and config (saved models load without us).
     assert two.results[0]["optimizer_class"] == "SGD"
+    # tf_keras names its optimizers "SGD", Keras 3 "sgd": proof of which Keras ran.
+    assert two.results[0]["optimizer_config_class"] == ("SGD" if flavour == "tf_keras" else "sgd")
     a = np.load(tmp_path / "two" / "out" / "weights0_of2.npz")
     b = np.load(tmp_path / "one" / "out" / "weights0_of1.npz")
     for key in a:

@@ -1,0 +1,81 @@
+"""Same TF workload under Horovod or elastic_hvd (``--impl``), one JSON line from rank 0.
+
+    allreduce: median time of hvd.allreduce (eager TF tensors) at 1 KiB and 64 MiB
+    fit:       Keras model.fit images/second (MobileNetV2 alpha 0.35, 100x100, synthetic data)
+"""
+
+import argparse
+import json
+import os
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+
+def allreduce(hvd, args):
+    rows = []
+    for nbytes in (1 << 10, 64 << 20):
+        x = tf.ones([nbytes // 4], tf.float32)
+        for _ in range(3):
+            hvd.allreduce(x, op=hvd.Sum).numpy()
+        times = []
+        for _ in range(args.iterations if nbytes < (1 << 20) else max(5, args.iterations // 20)):
+            t = time.perf_counter()
+            hvd.allreduce(x, op=hvd.Sum).numpy()
+            times.append(time.perf_counter() - t)
+        rows.append({"bytes": nbytes, "median_s": float(np.median(times))})
+    return {"allreduce": rows}
+
+
+def fit(hvd, args):
+    tf.config.threading.set_intra_op_parallelism_threads(args.threads)
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    keras = tf.keras
+    model = keras.applications.MobileNetV2(input_shape=(100, 100, 3), alpha=0.35, weights=None,
+                                           classes=10)
+    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.01 * hvd.size()))
+    model.compile(optimizer=opt, loss="sparse_categorical_crossentropy")
+    rng = np.random.default_rng(hvd.rank())
+    n = args.batch * (args.steps + args.warmup)
+    x = rng.random((n, 100, 100, 3), dtype=np.float32)
+    y = rng.integers(0, 10, n)
+
+    class Clock(keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            if batch == args.warmup:
+                self.start = time.perf_counter()
+
+        def on_train_end(self, logs=None):
+            self.seconds = time.perf_counter() - self.start
+
+    clock = Clock()
+    model.fit(x, y, batch_size=args.batch, epochs=1, verbose=0, callbacks=[
+        hvd.callbacks.BroadcastGlobalVariablesCallback(0), clock])
+    return {"fit_img_per_s": args.batch * args.steps * hvd.size() / clock.seconds}
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--impl", choices=["horovod", "elastic"], required=True)
+    p.add_argument("--what", choices=["allreduce", "fit"], required=True)
+    p.add_argument("--iterations", type=int, default=200)
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--threads", type=int, default=1)
+    args = p.parse_args()
+    if args.impl == "horovod":
+        import horovod.tensorflow.keras as hvd
+    else:
+        import elastic_hvd.tensorflow.keras as hvd
+    hvd.init()
+    result = {"allreduce": allreduce, "fit": fit}[args.what](hvd, args)
+    if hvd.rank() == 0:
+        result.update(impl=args.impl, np=hvd.size(), tf=tf.__version__)
+        print("RESULT " + json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()
