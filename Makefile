@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 # tensorflow-cpu by default; GPU users: make TF_EXTRA=gpu ...
 TF_EXTRA ?= cpu
 
-.PHONY: install test test-fast demo bench bench-core clean
+.PHONY: install test test-fast test-tf215 demo bench bench-core bench-horovod clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +26,14 @@ test: install
 test-fast: install
 	$(PY) -m pytest -q tests -m "not multirank"
 
+# Keras 2 / TF 2.15 (the last TF Horovod supports): the TF tests in their own venv.
+# Not part of `make test` (a second TF install costs minutes).
+test-tf215:
+	$(PYTHON) -m venv .venv-tf215
+	.venv-tf215/bin/python -m pip install --quiet --upgrade pip
+	.venv-tf215/bin/python -m pip install --quiet "tensorflow-cpu==2.15.1" "numpy<2" -e ".[test]"
+	.venv-tf215/bin/python -m pytest -q tests/test_tensorflow.py tests/test_api_parity.py
+
 demo: install
 	$(VENV)/bin/elastic-hvd-run -np 4 --faults "rank=2,coll=30,delay=0.005" \
 		python examples/recovery_demo.py
@@ -33,7 +41,12 @@ demo: install
 bench-core: install
 	$(PY) bench/core_bench.py --runs 5
 
+# Real Horovod 0.28.1 side by side (builds it first: ~7 minutes, optional).
+bench-horovod: install
+	test -x .venv-horovod/bin/horovodrun || bash bench/build_horovod.sh
+	$(PY) bench/vs_horovod.py
+
 bench: bench-core
 
 clean:
-	rm -rf $(VENV) .pytest_cache build *.egg-info
+	rm -rf $(VENV) .venv-tf215 .pytest_cache build *.egg-info

@@ -77,8 +77,8 @@ def is_homogeneous():
 
 
 def mpi_threads_supported():
-    return _comm("hvd.mpi_threads_supported()").MPI.Query_thread() >= \
-        _comm("hvd.mpi_threads_supported()").MPI.THREAD_MULTIPLE
+    MPI = _comm("hvd.mpi_threads_supported()").MPI
+    return MPI.Query_thread() >= MPI.THREAD_MULTIPLE
 
 
 # What this build has, answered truthfully.
@@ -120,5 +120,6 @@ def rocm_built():
 
 def elastic_enabled():
     """True when the job survives rank loss (launched with ULFM fault tolerance)."""
-    return runtime.is_initialized() and runtime.current().elastic or (
-        not runtime.is_initialized() and ft_enabled())
+    if runtime.is_initialized():
+        return runtime.current().elastic
+    return ft_enabled()
