@@ -39,14 +39,15 @@ def test_kill_after_transfer_before_agreement_gives_survivor_result(tmp_path):
 
 
 def test_kill_rank0(tmp_path):
-    job = run_job("core_scenarios.py", "kill_in_allreduce", "4", "3",
+    # Two calls after the targeted one leave slack for a late signal on a loaded machine.
+    job = run_job("core_scenarios.py", "kill_in_allreduce", "4", "5",
                   faults="rank=0,coll=3,delay=0.002", tmp_path=tmp_path)
     assert_uniform(job, [1, 2, 3])
     assert all(r["equals_survivor_sum"] for r in job.results.values())
 
 
 def test_kill_two_ranks_at_once(tmp_path):
-    job = run_job("core_scenarios.py", "kill_in_allreduce", "16", "3",
+    job = run_job("core_scenarios.py", "kill_in_allreduce", "16", "5",
                   faults="rank=1,coll=3,delay=0.005;rank=2,coll=3,delay=0.005",
                   tmp_path=tmp_path)
     assert_uniform(job, [0, 3])
