@@ -52,9 +52,9 @@ def local_rank():
 
 
 def _local_ranks(comm):
+    """Each rank's local rank: its position among the ranks on its host."""
     hosts = comm.hosts()
-    seen = {}
-    return [seen.setdefault(h, []).append(r) or len(seen[h]) - 1 for r, h in enumerate(hosts)]
+    return [hosts[:r].count(h) for r, h in enumerate(hosts)]
 
 
 def cross_size():

@@ -23,7 +23,7 @@ def main(steps=60, features=256, batch=512):
     true_w = np.linspace(-1, 1, features)
     w = comm.broadcast(np.zeros(features))
     if comm.rank == 0:
-        print(f"step  ranks  loss      step time", flush=True)
+        print("step  ranks  loss      step time", flush=True)
     for step in range(1, steps + 1):
         started = time.perf_counter()
         x = rng.normal(size=(batch, features))

@@ -24,9 +24,8 @@ from .ops import (Adasum, Average, Max, Min, Product, ProcessSet, Sum,  # noqa: 
 from .timeline import start_timeline, stop_timeline  # noqa: F401
 
 #: Raised by Horovod when a collective fails; here failures are survived, and the
-#: errors that remain (below min_np, mismatches) are raised on every rank.
+#: one that ends training (too few ranks left) is raised on every rank.
 HorovodInternalError = RanksBelowMinimumError
-HostsUpdatedInterrupt = RuntimeError
 
 
 def _tensor(value):
