@@ -19,28 +19,44 @@ def test_tf_ops_match_numpy_eager_and_graph(tmp_path, np_):
 
 
 KERAS_MAJOR = int(importlib.metadata.version("keras").split(".")[0])
+FLAVOURS = ["default", "tf_keras"]
 
 
-@pytest.mark.parametrize("flavour", ["default", "tf_keras"])
-def test_two_rank_fit_equals_one_rank_on_the_concatenated_batch(tmp_path, flavour):
+def _flavour_env(flavour):
     if flavour == "tf_keras" and KERAS_MAJOR < 3:
         pytest.skip("TF < 2.16: tf.keras is Keras 2 already (the 'default' case)")
-    env = {"TF_USE_LEGACY_KERAS": "1"} if flavour == "tf_keras" else {}
-    two = run_job("tf_scenarios.py", "fit_equivalence", 32, 6, np=2, tmp_path=tmp_path / "two",
-                  timeout=300, env=env)
-    run_job("tf_scenarios.py", "fit_equivalence", 32, 6, np=1, tmp_path=tmp_path / "one",
-                  timeout=300, env=env)
+    return {"TF_USE_LEGACY_KERAS": "1"} if flavour == "tf_keras" else {}
+
+
+def _fit_two_ranks_and_one(tmp_path, env, passes):
+    """Weights after fit on 2 ranks (``passes`` micro-batches per update) and on 1 rank."""
+    two = run_job("tf_scenarios.py", "fit_equivalence", 32, 6, passes, np=2,
+                  tmp_path=tmp_path / "two", timeout=300, env=env)
+    run_job("tf_scenarios.py", "fit_equivalence", 32, 6, 1, np=1, tmp_path=tmp_path / "one",
+            timeout=300, env=env)
     assert two.results[0]["digest"] == two.results[1]["digest"]
+    a = np.load(tmp_path / "two" / "out" / f"weights0_of2x{passes}.npz")
+    b = np.load(tmp_path / "one" / "out" / "weights0_of1x1.npz")
+    for key in a:
+        np.testing.assert_allclose(a[key], b[key], atol=1e-5)
+    assert any(np.abs(a[k]).sum() > 0 for k in a)
+    return two
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_two_rank_fit_equals_one_rank_on_the_concatenated_batch(tmp_path, flavour):
+    two = _fit_two_ranks_and_one(tmp_path, _flavour_env(flavour), passes=1)
     # The wrapped optimizer keeps its class name and config (saved models load without us).
     assert two.results[0]["optimizer_class"] == "SGD"
     # Keras 3 names its optimizers "sgd", tf_keras and Keras 2 "SGD": proof of which Keras ran.
     keras3 = flavour == "default" and KERAS_MAJOR >= 3
     assert two.results[0]["optimizer_config_class"] == ("sgd" if keras3 else "SGD")
-    a = np.load(tmp_path / "two" / "out" / "weights0_of2.npz")
-    b = np.load(tmp_path / "one" / "out" / "weights0_of1.npz")
-    for key in a:
-        np.testing.assert_allclose(a[key], b[key], atol=1e-5)
-    assert any(np.abs(a[k]).sum() > 0 for k in a)
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_backward_passes_per_step_accumulates_locally(tmp_path, flavour):
+    # 2 ranks x 2 averaged micro-batches of 8 per update == 1 rank on batches of 32.
+    _fit_two_ranks_and_one(tmp_path, _flavour_env(flavour), passes=2)
 
 
 def test_after_a_kill_in_fit_survivors_average_over_survivors(tmp_path):

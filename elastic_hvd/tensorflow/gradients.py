@@ -96,20 +96,74 @@ _REDUCER_KWARGS = ("compression", "sparse_as_dense", "op", "gradient_predivide_f
                    "num_groups", "groups", "process_set", "scale_local_gradients")
 
 
+class LocalAccumulator:
+    """``backward_passes_per_step``: sum gradients locally, reduce and apply every N-th pass.
+
+    The accumulators are created once, outside any graph (``tf.init_scope``); the
+    N-th pass is chosen by a counter variable, so a compiled step keeps working.
+    Ranks step in lockstep, so every rank reduces on the same pass.
+    """
+
+    def __init__(self, passes, average):
+        self.passes, self.average = int(passes), average
+        self.sums = self.counter = None
+
+    def __call__(self, grads, variables, update):
+        grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
+        if self.sums is None:
+            with tf.init_scope():
+                self.counter = tf.Variable(0, dtype=tf.int64, trainable=False)
+                self.sums = [None if g is None else
+                             tf.Variable(tf.zeros(v.shape, g.dtype), trainable=False)
+                             for g, v in zip(grads, variables)]
+        for total, g in zip(self.sums, grads):
+            if g is not None:
+                total.assign_add(g)
+        self.counter.assign_add(1)
+
+        def flush():
+            scale = 1.0 / self.passes if self.average else 1.0
+            update([None if t is None else t.read_value() * tf.cast(scale, t.dtype)
+                    for t in self.sums])
+            for total in self.sums:
+                if total is not None:
+                    total.assign(tf.zeros_like(total))
+            return tf.constant(True)
+
+        due = tf.equal(self.counter % self.passes, 0)
+        if tf.executing_eagerly():
+            if bool(due):
+                flush()
+        else:
+            tf.cond(due, flush, lambda: tf.constant(False))
+
+
+def _update(optimizer, grads, variables, apply):
+    """Reduce ``grads`` (after local accumulation, if any) and ``apply`` them."""
+    def reduce_and_apply(local_grads):
+        return apply(optimizer._hvd_reducer(local_grads, variables))
+
+    if optimizer._hvd_accumulator is None:
+        return reduce_and_apply(grads)
+    return optimizer._hvd_accumulator(grads, variables, reduce_and_apply)
+
+
 def _distributed_class(base):
     """A subclass of ``base`` (same name, module and config) that averages gradients."""
     cache = _distributed_class.cache
     if base in cache:
         return cache[base]
-    body = {"_hvd_distributed": True,
+    body = {"_hvd_distributed": True, "_hvd_accumulator": None,
             "register_local_var": lambda self, var: self._hvd_reducer.register_local_var(var)}
     if hasattr(base, "stateless_apply"):  # Keras 3: model.fit calls apply()
         def apply(self, grads, trainable_variables=None):
-            if trainable_variables is not None:
-                grads = self._hvd_reducer(list(grads), list(trainable_variables))
-            else:
-                grads = self._hvd_reducer(list(grads), list(self._trainable_variables))
-            return base.apply(self, grads, trainable_variables)
+            variables = list(self._trainable_variables if trainable_variables is None
+                             else trainable_variables)
+            if not self.built:  # build outside the accumulator's tf.cond
+                self.build(variables)
+                self.built = True
+            return _update(self, list(grads), variables,
+                           lambda g: base.apply(self, g, trainable_variables))
         body["apply"] = apply
     elif issubclass(base, tf.compat.v1.train.Optimizer):  # TF1-style optimizers
         def compute_gradients(self, *args, **kwargs):
@@ -120,9 +174,10 @@ def _distributed_class(base):
     else:  # tf_keras / Keras 2 optimizers
         def apply_gradients(self, grads_and_vars, *args, **kwargs):
             pairs = list(grads_and_vars)
-            grads = self._hvd_reducer([g for g, _ in pairs], [v for _, v in pairs])
-            return base.apply_gradients(self, list(zip(grads, [v for _, v in pairs])),
-                                        *args, **kwargs)
+            variables = [v for _, v in pairs]
+            return _update(self, [g for g, _ in pairs], variables,
+                           lambda g: base.apply_gradients(self, list(zip(g, variables)),
+                                                          *args, **kwargs))
         body["apply_gradients"] = apply_gradients
     cls = type(base.__name__, (base,), body)
     cls.__module__, cls.__qualname__ = base.__module__, base.__qualname__
@@ -143,10 +198,8 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="
     The wrapper is a subclass with the optimizer's own class name, module and
     config: a model saved with it loads without elastic_hvd.
     """
-    if backward_passes_per_step != 1:
-        raise NotImplementedError(
-            "backward_passes_per_step > 1 (local gradient accumulation) is not supported by "
-            "elastic_hvd yet; use a larger batch instead")
+    if int(backward_passes_per_step) < 1:
+        raise ValueError("backward_passes_per_step must be at least 1")
     reducer = GradientReducer(compression, sparse_as_dense, op, gradient_predivide_factor,
                               num_groups, groups, process_set, scale_local_gradients)
     if getattr(optimizer, "_hvd_distributed", False):
@@ -158,6 +211,11 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="
     else:
         wrapped = cls.from_config(optimizer.get_config())
     wrapped._hvd_reducer = reducer
+    if backward_passes_per_step > 1:
+        if issubclass(cls, tf.compat.v1.train.Optimizer):
+            raise NotImplementedError("backward_passes_per_step > 1 needs a Keras optimizer")
+        wrapped._hvd_accumulator = LocalAccumulator(backward_passes_per_step,
+                                                    average_aggregated_gradients)
     return wrapped
 
 

@@ -38,23 +38,31 @@ def small_model(seed=0):
     return model
 
 
-def fit_equivalence(global_batch="32", steps="6"):
-    """Train on this rank's share of each global batch; report the final weights."""
-    global_batch, steps = int(global_batch), int(steps)
+def fit_equivalence(global_batch="32", steps="6", passes="1"):
+    """Train on this rank's share of each global batch; report the final weights.
+
+    With ``passes`` > 1 each update accumulates that many local micro-batches
+    (backward_passes_per_step, averaged), so the update still covers the global batch.
+    """
+    global_batch, steps, passes = int(global_batch), int(steps), int(passes)
     n, r = hvd.size(), hvd.rank()
     rng = np.random.default_rng(7)
     x = rng.normal(size=(global_batch * steps, 8)).astype(np.float32)
     y = rng.normal(size=(global_batch * steps, 3)).astype(np.float32)
-    local = global_batch // n
-    # Global batch b is rows [b*G, (b+1)*G); this rank takes its contiguous slice of each.
-    idx = np.concatenate([np.arange(b * global_batch + r * local, b * global_batch + (r + 1) * local)
-                          for b in range(steps)])
+    local = global_batch // (n * passes)
+    # Global batch b is rows [b*G, (b+1)*G); pass p of rank r takes chunk p*n + r of it.
+    idx = np.concatenate([np.arange(b * global_batch + (p * n + r) * local,
+                                    b * global_batch + (p * n + r + 1) * local)
+                          for b in range(steps) for p in range(passes)])
     model = small_model()
-    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.1)), loss="mse")
+    model.compile(optimizer=hvd.DistributedOptimizer(
+        keras.optimizers.SGD(0.1), backward_passes_per_step=passes,
+        average_aggregated_gradients=True), loss="mse")
     model.fit(x[idx], y[idx], batch_size=local, epochs=1, shuffle=False, verbose=0,
               callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
     weights = model.get_weights()
-    np.savez(os.path.join(os.environ["TEST_OUT_DIR"], f"weights{hvd.rank()}_of{n}.npz"), *weights)
+    np.savez(os.path.join(os.environ["TEST_OUT_DIR"], f"weights{hvd.rank()}_of{n}x{passes}.npz"),
+             *weights)
     report.write(runtime.current().original_id, digest=digest(weights),
                  optimizer_class=type(model.optimizer).__name__,
                  optimizer_config_class=model.optimizer.get_config().get("name"))
