@@ -78,6 +78,18 @@ def main():
         check(f"{mode} size_op", int(wrap(hvd.size_op)()) == n)
         check(f"{mode} rank_op", int(wrap(hvd.rank_op)()) == me)
 
+    # Fusion: several tensors, split over buffers by a tiny threshold, padded for alignment
+    os.environ["HOROVOD_FUSION_THRESHOLD"] = "64"
+    parts = [tf.constant(np.arange(k + 1, dtype=np.float32) * (me + 1)) for k in range(7)]
+    got = hvd.grouped_allreduce(parts, op=hvd.Sum)
+    os.environ.pop("HOROVOD_FUSION_THRESHOLD")
+    factor = n * (n + 1) / 2
+    check("fusion buffers", all(np.allclose(g.numpy(), np.arange(k + 1) * factor)
+                                for k, g in enumerate(got)))
+    from elastic_hvd import basics
+    check("local and cross ranks (one host)",
+          (basics.local_rank(), basics.local_size(), basics.cross_rank(), basics.cross_size())
+          == (me, n, 0, 1))
     # IndexedSlices: gathered, and averaged over the live size
     slices = tf.IndexedSlices(tf.constant([[float(me + 1)] * 2]), tf.constant([me]),
                               dense_shape=tf.constant([n, 2]))
