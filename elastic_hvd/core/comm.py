@@ -68,6 +68,8 @@ class ResilientComm(CollectivesMixin):
         self._predictor = SignaturePredictor()
         self._below_min = None
         self._heartbeat = heartbeat
+        #: What the collectives now running are for (set by callers, recorded in events).
+        self.label = ""
         if self.size < self.min_np:
             raise RanksBelowMinimumError(self.size, self.min_np, ())
 
@@ -212,7 +214,7 @@ class ResilientComm(CollectivesMixin):
         event = MembershipEvent(
             old_size=len(old_ids), new_size=new.size, lost=lost,
             detect_s=detected - started, repair_s=repaired - detected,
-            sequence=len(self.events) + 1)
+            sequence=len(self.events) + 1, during=self.label)
         self.events.append(event)
         self._notify(event)
         if new.size < self.min_np:

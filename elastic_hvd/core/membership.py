@@ -10,7 +10,10 @@ class MembershipEvent:
 
     ``lost`` and ``gained`` hold *original* ids (the rank a process had at ``init()``),
     which never change, unlike ranks.  ``detect_s`` is how long the failing collective
-    ran before its failure was agreed on; ``repair_s`` is revoke + shrink.
+    ran before its failure was agreed on; ``repair_s`` is revoke + shrink.  ``during``
+    is the label the caller gave the interrupted collective (``ResilientComm.label``),
+    e.g. ``"HorovodGradients"``: data sharding uses it to know whether the dead rank's
+    gradients of the current step were lost.
     """
     old_size: int
     new_size: int
@@ -20,6 +23,7 @@ class MembershipEvent:
     repair_s: float = 0.0
     wall_time: float = dataclasses.field(default_factory=time.time)
     sequence: int = 0
+    during: str = ""
 
     def as_dict(self):
         return dataclasses.asdict(self)

@@ -8,6 +8,7 @@ densified with ``sparse_as_dense``), local variables left alone.
 
 import tensorflow as tf
 
+from ..sharding import GRADIENTS
 from . import ops
 from .compression import Compression
 from .ops import Average, Sum, global_process_set
@@ -60,7 +61,7 @@ class GradientReducer:
             reduced = ops._grouped_allreduce(
                 [c[0] for c in compressed], self.op,
                 prescale_factor=1.0 / self.predivide, postscale_factor=self.predivide,
-                name="HorovodGradients")
+                name=GRADIENTS)
             for i, r, (_, ctx) in zip(group, reduced, compressed):
                 out[i] = self.compression.decompress(r, ctx)
         return out

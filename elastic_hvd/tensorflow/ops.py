@@ -83,6 +83,7 @@ def _to_tensor(array, dtype):
     fresh result over as it is, but TF aborts the process on memory that is not
     64-byte aligned, so only aligned, writable (i.e. our own) arrays go that way.
     """
+    dtype = tf.as_dtype(dtype)
     if (isinstance(array, np.ndarray) and array.flags.writeable and array.flags.c_contiguous
             and array.ctypes.data % 64 == 0 and array.dtype == dtype.as_numpy_dtype
             and array.size):
@@ -96,10 +97,13 @@ def _to_tensor(array, dtype):
 def _numpy_op(name, fn, inputs, tout):
     """Run ``fn`` (numpy in, numpy out) as a stateful op, traced in the timeline."""
     def call(*arrays):
+        comm = _comm()
+        outer, comm.label = comm.label, name
         started = time.perf_counter()
         try:
             return fn(*arrays)
         finally:
+            comm.label = outer
             timeline.record(name, started, time.perf_counter())
     if tf.executing_eagerly():  # no graph to order: skip py_func's machinery (~0.2 ms a call)
         result = call(*[np.asarray(t) for t in inputs])  # zero-copy, read-only views

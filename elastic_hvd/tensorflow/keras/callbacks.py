@@ -27,8 +27,39 @@ def set_lr(optimizer, value):
         optimizer.learning_rate = value
 
 
-def _momentum(optimizer):
-    return getattr(optimizer, "momentum", None)
+class MomentumCorrection:
+    """Momentum correction (Goyal et al. 2017): after the lr changes from a to b,
+    the next step uses momentum * b / a, then the momentum goes back."""
+
+    def __init__(self):
+        self._saved = None
+
+    @staticmethod
+    def _get(optimizer):
+        momentum = getattr(optimizer, "momentum", None)
+        if momentum is None:
+            return None
+        return float(momentum.numpy() if hasattr(momentum, "numpy") else momentum)
+
+    @staticmethod
+    def _set(optimizer, value):
+        if hasattr(optimizer.momentum, "assign"):
+            optimizer.momentum.assign(value)
+        else:
+            optimizer.momentum = value
+
+    def correct(self, optimizer, old_lr, new_lr):
+        value = self._get(optimizer)
+        if value is None or old_lr <= 0 or new_lr == old_lr:
+            return
+        if self._saved is None:
+            self._saved = value
+        self._set(optimizer, value * new_lr / old_lr)
+
+    def restore(self, optimizer):
+        if self._saved is not None:
+            self._set(optimizer, self._saved)
+            self._saved = None
 
 
 class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
@@ -83,7 +114,9 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
 
     ``multiplier`` is a constant or a function of the (fractional, unless
     ``staircase``) epoch.  With ``momentum_correction`` the momentum is scaled by
-    new_lr / old_lr for one batch after a change, as in Goyal et al. (2017).
+    new_lr / old_lr for one batch after a change, as in Goyal et al. (2017).  The
+    rate also carries the factor by which ``keras_callbacks.LearningRateRescaler``
+    rescaled it after membership changes.
     """
 
     def __init__(self, initial_lr, multiplier, start_epoch=0, end_epoch=None, staircase=True,
@@ -96,7 +129,7 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
         self.momentum_correction = momentum_correction
         self.steps_per_epoch = steps_per_epoch
         self.current_epoch = 0
-        self._restore_momentum = None
+        self.momentum = MomentumCorrection() if momentum_correction else None
 
     def _steps(self):
         if self.steps_per_epoch is None:
@@ -109,20 +142,11 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
     def _adjust(self, epoch):
         optimizer = self.model.optimizer
         old_lr = get_lr(optimizer)
-        new_lr = self.initial_lr * self.multiplier(epoch)
+        new_lr = (self.initial_lr * self.multiplier(epoch)
+                  * getattr(optimizer, "_elastic_lr_factor", 1.0))
         set_lr(optimizer, new_lr)
-        momentum = _momentum(optimizer)
-        if self.momentum_correction and momentum is not None and old_lr > 0 and new_lr != old_lr:
-            value = float(momentum.numpy() if hasattr(momentum, "numpy") else momentum)
-            self._restore_momentum = value
-            self._set_momentum(optimizer, value * new_lr / old_lr)
-
-    @staticmethod
-    def _set_momentum(optimizer, value):
-        if hasattr(optimizer.momentum, "assign"):
-            optimizer.momentum.assign(value)
-        else:
-            optimizer.momentum = value
+        if self.momentum is not None:
+            self.momentum.correct(optimizer, old_lr, new_lr)
 
     def on_epoch_begin(self, epoch, logs=None):
         self.current_epoch = epoch
@@ -130,11 +154,12 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
             self._adjust(epoch)
 
     def on_train_batch_begin(self, batch, logs=None):
-        if self._restore_momentum is not None:
-            self._set_momentum(self.model.optimizer, self._restore_momentum)
-            self._restore_momentum = None
         if not self.staircase and self._in_range(self.current_epoch):
             self._adjust(self.current_epoch + batch / self._steps())
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.momentum is not None:  # the corrected momentum served one step
+            self.momentum.restore(self.model.optimizer)
 
     def on_epoch_end(self, epoch, logs=None):
         if logs is not None:

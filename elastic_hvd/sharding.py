@@ -1,0 +1,100 @@
+"""Elastic data sharding: every sample trained on exactly once per epoch, whatever dies.
+
+Each epoch is one global seeded permutation, consumed batch by batch: a step
+takes the next ``size * batch_size`` samples of the epoch's queue and splits
+them over the live ranks in rank order.  Every rank computes the same schedule
+(same seed, same membership events, which are agreed), so all ranks run the
+same number of steps and the epoch ends on the same step everywhere.
+
+When a rank dies inside a step's gradient reduction (the event's ``during`` is
+:data:`GRADIENTS`), its slice of that step never reached the model: the slice is
+put back at the end of the queue.  A rank that dies anywhere else had its last
+slice averaged in already, so nothing is re-queued.  Batches are drawn when a
+step starts (no read-ahead), so prefetching cannot hand out slices planned for
+a membership that no longer exists; the TF adapter keeps it that way.
+
+The last step of an epoch may hold fewer samples than ranks: ranks left without
+one get a single sample with weight 0 (no gradient), so no batch is empty.
+"""
+
+import collections
+
+import numpy as np
+
+#: The label under which gradient reductions run (``ResilientComm.label``).
+GRADIENTS = "HorovodGradients"
+
+
+class ElasticSampler:
+    """Hands each rank its sample ids, step by step, for ``num_samples`` samples."""
+
+    def __init__(self, comm, num_samples, batch_size, seed=0, shuffle=True, epoch=0):
+        self.comm = comm
+        self.num_samples, self.batch_size = int(num_samples), int(batch_size)
+        self.seed, self.shuffle = seed, shuffle
+        self.epoch = epoch - 1  # start_epoch() moves to `epoch`
+        self.queue = collections.deque()
+        self.step = 0
+        self._last = {}  # original id -> ids of the step being trained
+        self._resume = None  # a checkpointed, unfinished epoch to continue
+        self.requeued = 0
+        comm.listeners.add(self._on_membership_change)
+
+    def start_epoch(self, epoch=None):
+        """Begin ``epoch`` (default: the next one): a fresh permutation, or the rest of
+        that epoch if a checkpoint of it was loaded."""
+        self.epoch = self.epoch + 1 if epoch is None else int(epoch)
+        self._last = {}
+        if self._resume is not None and self._resume["epoch"] == self.epoch:
+            self.queue = collections.deque(self._resume["queue"])
+            self.step, self._resume = self._resume["step"], None
+            return
+        order = np.arange(self.num_samples)
+        if self.shuffle:
+            order = np.random.default_rng([self.seed, self.epoch]).permutation(self.num_samples)
+        self.queue = collections.deque(order.tolist())
+        self.step = 0
+
+    def steps_left(self):
+        """Steps this epoch still needs at the current size (it changes with the membership)."""
+        return -(-len(self.queue) // (self.comm.size * self.batch_size))
+
+    def next_batch(self):
+        """``(ids, weights)`` for this rank's next step, or None when the epoch is done."""
+        if not self.queue:
+            self._last = {}
+            return None
+        ids = self.comm.ids
+        take = [self.queue.popleft() for _ in range(min(len(self.queue),
+                                                        len(ids) * self.batch_size))]
+        base, extra = divmod(len(take), len(ids))
+        slices, start = {}, 0
+        for position, original_id in enumerate(ids):
+            count = base + (1 if position < extra else 0)
+            slices[original_id] = take[start:start + count]
+            start += count
+        self._last = slices
+        self.step += 1
+        mine = slices[self.comm.original_id]
+        if not mine:  # more ranks than samples left: one weightless sample
+            return np.array([take[0]]), np.zeros(1, dtype=np.float32)
+        return np.array(mine), np.ones(len(mine), dtype=np.float32)
+
+    def _on_membership_change(self, event):
+        if event.during != GRADIENTS:
+            return
+        # Below min_np the step is abandoned: nobody's slice of it was trained.
+        lost = list(self._last) if event.new_size < self.comm.min_np else event.lost
+        for original_id in lost:
+            lost = self._last.pop(original_id, [])
+            self.queue.extend(lost)
+            self.requeued += len(lost)
+
+    def state(self):
+        """Position in the epoch (for checkpoints and for ranks that join later)."""
+        return {"epoch": self.epoch, "queue": list(self.queue), "step": self.step}
+
+    def load_state(self, state):
+        """Continue the checkpointed epoch: the next ``start_epoch()`` resumes it."""
+        self._resume = dict(state)
+        self.epoch = state["epoch"] - 1

@@ -1,0 +1,66 @@
+"""A record of every membership change: JSON lines, a console line, TensorBoard scalars."""
+
+import json
+import os
+import time
+
+import tensorflow as tf
+
+from elastic_hvd.tensorflow.keras.callbacks import get_lr
+
+from .base import MembershipCallback
+
+
+class MembershipEventLog(MembershipCallback):
+    """One JSON line per change (written by the current lowest rank), e.g.::
+
+        {"time": ..., "epoch": 1, "step": 7, "lost": [2], "gained": [], "old_size": 4,
+         "new_size": 3, "detect_ms": 38.1, "repair_ms": 0.3, "during": "HorovodGradients",
+         "lr_before": 0.04, "lr_after": 0.03}
+
+    ``step`` counts the epoch's steps from 1; the change happened during that step.
+    Pass the ``rescaler`` so that ``lr_after`` is the rescaled rate; ``log_dir`` adds
+    TensorBoard scalars (``membership/size``, ``membership/recovery_ms``).
+    """
+
+    def __init__(self, path, rescaler=None, console=True, log_dir=None):
+        super().__init__()
+        self.path, self.rescaler, self.console = path, rescaler, console
+        self.log_dir = log_dir
+        self.records = []
+        self._writer = None
+        self._steps_done = 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._steps_done += 1
+        super().on_train_batch_end(batch, logs)
+
+    def handle(self, event):
+        lr_before = lr_after = get_lr(self.model.optimizer)
+        if self.rescaler is not None:
+            self.rescaler._drain()  # make sure the rate is already rescaled
+            lr_before = next((b for s, b, _ in self.rescaler.changes if s == event.sequence),
+                             lr_before)
+        record = {"time": event.wall_time, "epoch": self.epoch, "step": self.step,
+                  "lost": list(event.lost), "gained": list(event.gained),
+                  "old_size": event.old_size, "new_size": event.new_size,
+                  "detect_ms": round(event.detect_s * 1e3, 3),
+                  "repair_ms": round(event.repair_s * 1e3, 3), "during": event.during,
+                  "lr_before": lr_before, "lr_after": lr_after}
+        self.records.append(record)
+        if self.comm.rank != 0:
+            return
+        with open(self.path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+        if self.console:
+            print(f"\n[elastic_hvd {time.strftime('%H:%M:%S')}] epoch {self.epoch + 1} step "
+                  f"{record['step']}: lost rank(s) {record['lost']}, {event.old_size} -> "
+                  f"{event.new_size} ranks, recovered in {record['detect_ms']:.1f} + "
+                  f"{record['repair_ms']:.1f} ms, lr {lr_before:.4g} -> {lr_after:.4g}", flush=True)
+        if self.log_dir:
+            if self._writer is None:
+                self._writer = tf.summary.create_file_writer(os.path.join(self.log_dir, "elastic"))
+            with self._writer.as_default(step=self._steps_done):
+                tf.summary.scalar("membership/size", event.new_size)
+                tf.summary.scalar("membership/recovery_ms", record["detect_ms"] + record["repair_ms"])
+            self._writer.flush()

@@ -1,0 +1,71 @@
+"""Learning-rate rescaling when the world changes size.
+
+Scripts scale the learning rate with the world size at start (``lr * hvd.size()``,
+Goyal et al.'s linear scaling rule).  When ranks are lost or gained the global
+batch changes, so the rate must follow:
+
+* ``"linear"`` (default): lr *= new_size / old_size;
+* ``"sqrt"``: lr *= sqrt(new_size / old_size);
+* ``"none"``: leave it;
+* ``"constant_global_batch"``: keep lr and the global batch: the per-rank batch of the
+  given :class:`~elastic_hvd.sharding.ElasticSampler` grows to ``initial global batch / size``.
+
+The cumulative factor is kept on the optimizer (``_elastic_lr_factor``), where
+``hvd.callbacks.LearningRateScheduleCallback`` / ``…WarmupCallback`` apply it too, so a
+schedule that sets the rate every epoch keeps the rescaling.  With momentum
+correction, momentum is scaled by new_lr / old_lr for the next step, as the
+schedule callbacks do.
+"""
+
+import math
+
+from elastic_hvd.tensorflow.keras.callbacks import get_lr, MomentumCorrection, set_lr
+
+from .base import MembershipCallback
+
+POLICIES = ("linear", "sqrt", "none", "constant_global_batch")
+
+
+def scale_factor(policy, old_size, new_size):
+    if policy == "linear":
+        return new_size / old_size
+    if policy == "sqrt":
+        return math.sqrt(new_size / old_size)
+    return 1.0
+
+
+class LearningRateRescaler(MembershipCallback):
+    def __init__(self, policy="linear", sampler=None, momentum_correction=True):
+        super().__init__()
+        if policy not in POLICIES:
+            raise ValueError(f"policy must be one of {POLICIES}, not {policy!r}")
+        if policy == "constant_global_batch" and sampler is None:
+            raise ValueError("policy 'constant_global_batch' needs the ElasticSampler (sampler=)")
+        self.policy, self.sampler = policy, sampler
+        self.momentum = MomentumCorrection() if momentum_correction else None
+        self.changes = []  # (event sequence, lr before, lr after)
+        self._global_batch = None
+
+    def on_train_begin(self, logs=None):
+        super().on_train_begin(logs)
+        if self.sampler is not None and self._global_batch is None:
+            self._global_batch = self.sampler.batch_size * self.comm.size
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.momentum is not None:  # the corrected momentum served one step
+            self.momentum.restore(self.model.optimizer)
+        super().on_train_batch_end(batch, logs)
+
+    def handle(self, event):
+        optimizer = self.model.optimizer
+        before = get_lr(optimizer)
+        factor = scale_factor(self.policy, event.old_size, event.new_size)
+        after = before * factor
+        if factor != 1.0:
+            set_lr(optimizer, after)
+            optimizer._elastic_lr_factor = getattr(optimizer, "_elastic_lr_factor", 1.0) * factor
+            if self.momentum is not None:
+                self.momentum.correct(optimizer, before, after)
+        if self.policy == "constant_global_batch":
+            self.sampler.batch_size = -(-self._global_batch // event.new_size)
+        self.changes.append((event.sequence, before, after))

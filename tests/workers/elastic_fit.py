@@ -1,0 +1,69 @@
+"""model.fit on elastic sharding with every keras_callbacks piece; ranks report JSON.
+
+    python elastic_fit.py <epochs> [restart]
+
+Each rank logs the sample ids of every batch it draws (TEST_OUT_DIR/ids<orig>.jsonl).
+"""
+
+import json
+import os
+import sys
+
+import numpy as np
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+import tensorflow as tf  # noqa: E402
+
+import report  # noqa: E402
+import elastic_hvd.tensorflow.keras as hvd  # noqa: E402
+import keras_callbacks as kc  # noqa: E402
+from elastic_hvd.core import runtime  # noqa: E402
+from elastic_hvd.sharding import ElasticSampler  # noqa: E402
+from elastic_hvd.tensorflow.data import elastic_dataset  # noqa: E402
+
+N, BATCH, BASE_LR = 100, 4, 0.02
+OUT = os.environ["TEST_OUT_DIR"]
+
+
+def main(epochs):
+    hvd.init()
+    comm = runtime.current()
+    me = comm.original_id
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(N, 8)).astype(np.float32)
+    y = (x @ rng.normal(size=(8, 1))).astype(np.float32)
+    sampler = ElasticSampler(comm, N, BATCH, seed=1)
+    ids_log = open(os.path.join(OUT, f"ids{me}.jsonl"), "a")
+
+    def load(ids, weights):
+        ids_log.write(json.dumps({"epoch": sampler.epoch, "step": sampler.step,
+                                  "ids": ids[weights > 0].tolist()}) + "\n")
+        ids_log.flush()
+        return x[ids], y[ids], weights
+
+    dataset = elastic_dataset(sampler, load, (
+        tf.TensorSpec([None, 8], tf.float32), tf.TensorSpec([None, 1], tf.float32),
+        tf.TensorSpec([None], tf.float32)))
+    tf.keras.utils.set_random_seed(0)
+    model = tf.keras.Sequential([tf.keras.Input((8,)), tf.keras.layers.Dense(8, activation="tanh"),
+                                 tf.keras.layers.Dense(1)])
+    model.compile(optimizer=hvd.DistributedOptimizer(
+        tf.keras.optimizers.SGD(BASE_LR * comm.size, momentum=0.5)), loss="mse")
+    checkpoint = kc.ElasticCheckpoint(os.path.join(OUT, "ckpt"), sampler=sampler)
+    initial_epoch = checkpoint.restore(model)
+    rescaler = kc.LearningRateRescaler("linear")
+    log = kc.MembershipEventLog(os.path.join(OUT, "events.jsonl"), rescaler=rescaler)
+    with checkpoint.final_on_failure():
+        kc.fit_elastic(model, dataset, epochs, initial_epoch=initial_epoch, verbose=0, callbacks=[
+            hvd.callbacks.BroadcastGlobalVariablesCallback(0), kc.FaultInjection(), rescaler,
+            log, checkpoint, hvd.callbacks.MetricAverageCallback(), kc.RankZeroProgbar()])
+    loss = float(np.mean((model.predict(x, verbose=0) - y) ** 2))
+    report.write(me, ids=list(comm.ids), events=log.records,
+                 lr=float(model.optimizer.learning_rate.numpy()), loss=loss,
+                 initial_epoch=initial_epoch, requeued=sampler.requeued,
+                 digest=str(hash(tuple(np.concatenate([w.ravel() for w in model.get_weights()])
+                                       .tolist()))))
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]))
