@@ -14,7 +14,7 @@ import sys
 import numpy as np
 import tensorflow as tf
 
-from elastic_hvd.core import RanksBelowMinimumError, runtime
+from elastic_hvd.core import runtime
 
 #: Exit status of a job that stopped because too few ranks were left.
 EXIT_BELOW_MIN_NP = 3
@@ -90,14 +90,18 @@ class ElasticCheckpoint(tf.keras.callbacks.Callback):
 
     @contextlib.contextmanager
     def final_on_failure(self):
-        """Around ``model.fit``: if too few ranks are left, the survivors save and exit non-zero.
+        """Around ``model.fit``: if too few ranks are left (``RanksBelowMinimumError``,
+        however TF wrapped it), the survivors save and exit with EXIT_BELOW_MIN_NP.
 
         The checkpoint resumes the interrupted epoch where it stopped (the sampler's
         remaining queue), so no sample is lost or repeated.
         """
         try:
             yield
-        except RanksBelowMinimumError as exc:
+        except Exception as exc:  # inside model.fit, TF re-wraps the core's error
+            exc = runtime.current().below_min_np
+            if exc is None:
+                raise
             state = self.sampler.state() if self.sampler is not None else None
             self.save(self.epoch, sampler_state=state)
             if runtime.current().rank == 0:

@@ -92,6 +92,15 @@ class ResilientComm(CollectivesMixin):
         """The current (repaired) mpi4py communicator.  It changes after a failure."""
         return self._comm
 
+    @property
+    def below_min_np(self):
+        """The RanksBelowMinimumError once too few ranks are left, else None.
+
+        Errors raised inside TensorFlow ops reach the caller re-wrapped by TF; this
+        tells every survivor alike that the job cannot go on.
+        """
+        return self._below_min
+
     def hosts(self):
         """Host name of each current rank."""
         return [self._procs[i][0] for i in self._ids]

@@ -79,6 +79,14 @@ def _at_exit(MPI, heartbeat):
     status correctly).  MPI_Finalize is called through ctypes because ctypes
     releases the GIL, which the deadline thread needs.
     """
+    if hasattr(sys, "last_value") and _current is not None and _current.size > 1:
+        # An uncaught exception ends this rank only: leave like a crash, so that
+        # the others (perhaps inside a collective) evict it and go on, instead of
+        # meeting it in a final barrier it reaches out of turn.
+        print(f"elastic_hvd: rank {_current.rank} (original {_current.original_id}) stops on "
+              "an uncaught exception; the other ranks continue without it",
+              file=sys.stderr, flush=True)
+        os._exit(1)
     _leave_together()
     heartbeat.stop()
     if MPI.Is_finalized():

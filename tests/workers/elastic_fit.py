@@ -7,6 +7,7 @@ Each rank logs the sample ids of every batch it draws (TEST_OUT_DIR/ids<orig>.js
 
 import json
 import os
+import signal
 import sys
 
 import numpy as np
@@ -23,6 +24,18 @@ from elastic_hvd.tensorflow.data import elastic_dataset  # noqa: E402
 
 N, BATCH, BASE_LR = 100, 4, 0.02
 OUT = os.environ["TEST_OUT_DIR"]
+
+
+class CrashingCheckpoint(kc.ElasticCheckpoint):
+    """Dies (SIGKILL) half-way through writing the checkpoint of TEST_CRASH_IN_CHECKPOINT."""
+
+    def save(self, resume_epoch, sampler_state=None):
+        if (str(resume_epoch) == os.environ.get("TEST_CRASH_IN_CHECKPOINT")
+                and runtime.current().rank == 0):
+            os.makedirs(self.directory, exist_ok=True)
+            self.model.save_weights(os.path.join(self.directory, "partial.tmp.weights.h5"))
+            os.kill(os.getpid(), signal.SIGKILL)
+        super().save(resume_epoch, sampler_state)
 
 
 def main(epochs):
@@ -49,7 +62,7 @@ def main(epochs):
                                  tf.keras.layers.Dense(1)])
     model.compile(optimizer=hvd.DistributedOptimizer(
         tf.keras.optimizers.SGD(BASE_LR * comm.size, momentum=0.5)), loss="mse")
-    checkpoint = kc.ElasticCheckpoint(os.path.join(OUT, "ckpt"), sampler=sampler)
+    checkpoint = CrashingCheckpoint(os.path.join(OUT, "ckpt"), sampler=sampler)
     initial_epoch = checkpoint.restore(model)
     rescaler = kc.LearningRateRescaler("linear")
     log = kc.MembershipEventLog(os.path.join(OUT, "events.jsonl"), rescaler=rescaler)
