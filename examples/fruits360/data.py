@@ -1,0 +1,93 @@
+"""Fruits 360's directory layout as elastic tf.data input.
+
+``<root>/Training/<Class>/*.jpg`` and ``<root>/Test/<Class>/*.jpg`` (the real
+dataset and the stand-in alike).  Training batches come from the elastic sampler
+(exactly once per epoch, whatever dies); images are decoded on demand and cached
+when the dataset is small.
+"""
+
+import os
+
+import numpy as np
+import tensorflow as tf
+from PIL import Image
+
+from elastic_hvd.tensorflow.data import elastic_dataset
+
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
+
+
+def class_names(root, classes=None):
+    """Sorted class folders of ``root/Training``; ``classes`` is a list of names or a count."""
+    names = sorted(d for d in os.listdir(os.path.join(root, "Training"))
+                   if os.path.isdir(os.path.join(root, "Training", d)))
+    if classes is None:
+        return names
+    if isinstance(classes, int):
+        return names[:classes]
+    missing = sorted(set(classes) - set(names))
+    if missing:
+        raise ValueError(f"no such classes in {root}/Training: {missing}")
+    return list(classes)
+
+
+def list_split(root, split, names):
+    """(paths, labels) of ``split`` ("Training" or "Test") for the classes ``names``."""
+    paths, labels = [], []
+    for label, name in enumerate(names):
+        folder = os.path.join(root, split, name)
+        for file in sorted(os.listdir(folder)):
+            if file.lower().endswith(IMAGE_SUFFIXES):
+                paths.append(os.path.join(folder, file))
+                labels.append(label)
+    return paths, np.array(labels, dtype=np.int64)
+
+
+class Images:
+    """Decodes images to float32 [0, 1] at ``size`` x ``size``; caches up to ``cache`` of them."""
+
+    def __init__(self, paths, size, cache=20000):
+        self.paths, self.size = paths, size
+        self._cache = {} if len(paths) <= cache else None
+
+    def __call__(self, index):
+        if self._cache is not None and index in self._cache:
+            return self._cache[index]
+        with Image.open(self.paths[index]) as image:
+            array = np.asarray(image.convert("RGB").resize((self.size, self.size),
+                                                            Image.BILINEAR), dtype=np.float32)
+        array /= 255.0
+        if self._cache is not None:
+            self._cache[index] = array
+        return array
+
+    def batch(self, indices):
+        return np.stack([self(i) for i in indices])
+
+
+def augment(images, ids, epoch, seed):
+    """Light, reproducible augmentation: flips and brightness jitter per (sample, epoch)."""
+    out = images.copy()
+    for k, sample in enumerate(ids):
+        rng = np.random.default_rng([seed, epoch, int(sample)])
+        if rng.random() < 0.5:
+            out[k] = out[k, :, ::-1]
+        if rng.random() < 0.5:
+            out[k] = out[k, ::-1]
+        out[k] = np.clip(out[k] * rng.uniform(0.85, 1.15), 0.0, 1.0)
+    return out
+
+
+def training_dataset(sampler, images, labels, seed=0, on_batch=None):
+    """Elastic training batches ``(x, y, weights)``; ``on_batch(ids, weights)`` sees each draw."""
+    size = images.size
+
+    def load(ids, weights):
+        if on_batch is not None:
+            on_batch(ids, weights)
+        x = augment(images.batch(ids), ids, sampler.epoch, seed)
+        return x, labels[ids], weights
+
+    return elastic_dataset(sampler, load, (
+        tf.TensorSpec([None, size, size, 3], tf.float32), tf.TensorSpec([None], tf.int64),
+        tf.TensorSpec([None], tf.float32)))

@@ -1,0 +1,27 @@
+"""The Fruits 360 example, tiny: 4 classes of the stand-in, 32x32, 3 epochs, 3 ranks, one kill."""
+
+import json
+
+import pytest
+
+from mpijob import run_job
+
+pytestmark = pytest.mark.multirank
+
+
+def test_tiny_fruits360_survives_a_kill(tmp_path):
+    out = tmp_path / "run"
+    job = run_job("../../examples/fruits360/train.py", "--data-dir", tmp_path / "data",
+                  "--stand-in", "--standin-train", 40, "--standin-test", 12, "--classes", 4,
+                  "--image-size", 32, "--epochs", 3, "--batch-size", 8, "--lr", 0.003,
+                  "--fail", "rank=2,step=8", "--out", out, np=3, tmp_path=tmp_path, timeout=400)
+    result = json.loads((out / "result.json").read_text())
+    final = result["epochs"][-1]
+    assert final["ranks"] == 2
+    assert final["test_acc"] > 0.25 + 0.15, result["epochs"]  # chance is 0.25
+    [event] = result["events"]
+    assert event["lost"] == [2] and (event["old_size"], event["new_size"]) == (3, 2)
+    assert [json.loads(line)["lost"] for line in open(out / "events.jsonl")] == [[2]]
+    png = (out / "training.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+    assert "final test accuracy" in job.output
