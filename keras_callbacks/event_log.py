@@ -2,6 +2,7 @@
 
 import json
 import os
+import sys
 import time
 
 import tensorflow as tf
@@ -58,9 +59,20 @@ class MembershipEventLog(MembershipCallback):
                   f"{event.new_size} ranks, recovered in {record['detect_ms']:.1f} + "
                   f"{record['repair_ms']:.1f} ms, lr {lr_before:.4g} -> {lr_after:.4g}", flush=True)
         if self.log_dir:
-            if self._writer is None:
-                self._writer = tf.summary.create_file_writer(os.path.join(self.log_dir, "elastic"))
+            self._tensorboard(event, record)
+
+    def _tensorboard(self, event, record):
+        if self._writer is None:
+            self._writer = tf.summary.create_file_writer(os.path.join(self.log_dir, "elastic"))
+        try:
             with self._writer.as_default(step=self._steps_done):
                 tf.summary.scalar("membership/size", event.new_size)
-                tf.summary.scalar("membership/recovery_ms", record["detect_ms"] + record["repair_ms"])
+                tf.summary.scalar("membership/recovery_ms",
+                                  record["detect_ms"] + record["repair_ms"])
             self._writer.flush()
+        except Exception as exc:  # TBNotInstalledError: tensorflow-cpu comes without it
+            if type(exc).__name__ != "TBNotInstalledError":
+                raise
+            print(f"elastic_hvd: no TensorBoard scalars ({exc}); `pip install tensorboard`",
+                  file=sys.stderr, flush=True)
+            self.log_dir = None

@@ -6,12 +6,21 @@ from elastic_hvd.core import faults
 
 
 class FaultInjection(tf.keras.callbacks.Callback):
-    """Counts training steps across epochs (from 1) and reports each to the fault plan."""
+    """Reports "step N is next" to the fault plan once N-1 steps are done (N from 1).
+
+    It counts finished steps rather than started ones: with a dataset of unknown
+    length Keras starts one more batch at the end of every epoch, finds no data
+    and ends the epoch, so counting starts would drift by one per epoch.
+    """
 
     def __init__(self):
         super().__init__()
-        self.global_step = 0
+        self.steps_done = 0
 
-    def on_train_batch_begin(self, batch, logs=None):
-        self.global_step += 1
-        faults.at_step(self.global_step)
+    def on_train_begin(self, logs=None):
+        if self.steps_done == 0:
+            faults.at_step(1)
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.steps_done += 1
+        faults.at_step(self.steps_done + 1)

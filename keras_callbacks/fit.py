@@ -7,6 +7,8 @@ the membership (and with re-queued samples), so each epoch runs in its own
 between calls, so this costs no retracing.
 """
 
+import warnings
+
 import tensorflow as tf
 
 from .progress import RankZeroProgbar
@@ -20,9 +22,12 @@ def fit_elastic(model, dataset, epochs, initial_epoch=0, callbacks=(), **kwargs)
             callback.total_epochs = epochs
     history = tf.keras.callbacks.History()
     history.history, history.epoch = {}, []
+    kwargs.setdefault("shuffle", False)  # the sampler shuffles
     for epoch in range(initial_epoch, epochs):
-        step = model.fit(dataset, epochs=epoch + 1, initial_epoch=epoch, callbacks=callbacks,
-                         **kwargs)
+        with warnings.catch_warnings():  # the epoch ends when the data does: that is the point
+            warnings.filterwarnings("ignore", message="Your input ran out of data")
+            step = model.fit(dataset, epochs=epoch + 1, initial_epoch=epoch, callbacks=callbacks,
+                             **kwargs)
         history.epoch += step.epoch
         for key, values in step.history.items():
             history.history.setdefault(key, []).extend(values)

@@ -1,4 +1,4 @@
-"""The Fruits 360 example, tiny: 4 classes of the stand-in, 32x32, 3 epochs, 3 ranks, one kill."""
+"""The Fruits 360 example, tiny: 4 classes of the stand-in, 32x32, 12 short epochs, 3 ranks, one kill."""
 
 import json
 
@@ -12,13 +12,13 @@ pytestmark = pytest.mark.multirank
 def test_tiny_fruits360_survives_a_kill(tmp_path):
     out = tmp_path / "run"
     job = run_job("../../examples/fruits360/train.py", "--data-dir", tmp_path / "data",
-                  "--stand-in", "--standin-train", 40, "--standin-test", 12, "--classes", 4,
-                  "--image-size", 32, "--epochs", 3, "--batch-size", 8, "--lr", 0.003,
+                  "--stand-in", "--standin-train", 80, "--standin-test", 12, "--classes", 4,
+                  "--image-size", 32, "--epochs", 12, "--batch-size", 8, "--lr", 0.001,
                   "--fail", "rank=2,step=8", "--out", out, np=3, tmp_path=tmp_path, timeout=400)
     result = json.loads((out / "result.json").read_text())
     final = result["epochs"][-1]
     assert final["ranks"] == 2
-    assert final["test_acc"] > 0.25 + 0.15, result["epochs"]  # chance is 0.25
+    assert final["test_acc"] > 0.45, result["epochs"]  # chance is 0.25; ~0.8 measured
     [event] = result["events"]
     assert event["lost"] == [2] and (event["old_size"], event["new_size"]) == (3, 2)
     assert [json.loads(line)["lost"] for line in open(out / "events.jsonl")] == [[2]]

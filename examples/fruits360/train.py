@@ -49,7 +49,7 @@ def parse_args(argv=None):
     p.add_argument("--bn-momentum", type=float, default=0.9,
                    help="BatchNormalization momentum (Keras' 0.999 needs thousands of steps "
                         "before its moving statistics are usable)")
-    p.add_argument("--epochs", type=int, default=8)
+    p.add_argument("--epochs", type=int, default=12)
     p.add_argument("--batch-size", type=int, default=16, help="per rank")
     p.add_argument("--lr", type=float, default=0.001, help="per-rank rate (x size at start)")
     p.add_argument("--lr-policy", default="linear", choices=kc.lr.POLICIES)
