@@ -48,8 +48,11 @@ def analyse(out):
             with open(os.path.join(out, name)) as f:
                 rows += [tuple(float(v) for v in line.split()) for line in f if line.strip()]
     rows.sort()
-    before = [r for r in rows if r[0] < killed]
-    after = [r for r in rows if r[0] > killed]
+    initial_size = int(rows[0][2])
+    # Steps finished with the old membership (stragglers of the step before the kill may
+    # finish just after it) versus the first step finished by the new membership.
+    before = [r for r in rows if int(r[2]) == initial_size]
+    after = [r for r in rows if int(r[2]) != initial_size and r[0] > killed]
     last_before = max(int(r[1]) for r in before)
     first_after = after[0]
     redone = max(0, last_before - (int(first_after[1]) - 1))
@@ -65,7 +68,8 @@ def analyse(out):
 
     steady_after = [r for r in after if int(r[1]) > int(first_after[1])]
     return {"recovery_s": first_after[0] - killed, "redone": redone,
-            "before": throughput([r for r in before if int(r[1]) > last_before - 15]),
+            "before": throughput([r for r in before if int(r[1]) > last_before - 15
+                                  and r[0] < killed]),
             "after": throughput(steady_after), "size_after": int(first_after[2])}
 
 
