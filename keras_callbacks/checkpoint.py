@@ -98,14 +98,14 @@ class ElasticCheckpoint(tf.keras.callbacks.Callback):
         """
         try:
             yield
-        except Exception as exc:  # inside model.fit, TF re-wraps the core's error
-            exc = runtime.current().below_min_np
-            if exc is None:
+        except Exception:  # inside model.fit, TF re-wraps the core's error
+            below_min = runtime.current().below_min_np
+            if below_min is None:
                 raise
             state = self.sampler.state() if self.sampler is not None else None
             self.save(self.epoch, sampler_state=state)
             if runtime.current().rank == 0:
-                print(f"elastic_hvd: stopping: {exc}. Final checkpoint written to "
+                print(f"elastic_hvd: stopping: {below_min}. Final checkpoint written to "
                       f"{self.directory}; restart the job to resume at epoch {self.epoch + 1}.",
                       file=sys.stderr, flush=True)
             sys.exit(EXIT_BELOW_MIN_NP)
