@@ -85,3 +85,29 @@ def test_launcher_hosts_give_np():
     args = launch.parser().parse_args(["-H", "a:2,b:3", "python", "x.py"])
     cmd = launch.build_command(args, mpirun="mpirun")
     assert cmd[1:3] == ["-np", "5"] and "--host" in cmd and "--oversubscribe" not in cmd
+
+
+def _fake_mpirun(tmp_path, failures, message):
+    """An executable standing in for mpirun: fails ``failures`` times with ``message``."""
+    script = tmp_path / "mpirun"
+    script.write_text(
+        "#!/bin/sh\n"
+        f"n=$(cat {tmp_path}/count 2>/dev/null || echo 0); n=$((n+1)); echo $n > {tmp_path}/count\n"
+        f"if [ $n -le {failures} ]; then echo \"{message}\" >&2; exit 213; fi\n"
+        "exit 0\n")
+    script.chmod(0o755)
+    return str(script)
+
+
+def test_launcher_retries_only_when_mpirun_itself_did_not_start(tmp_path, monkeypatch, capfd):
+    monkeypatch.setattr(launch, "find_mpirun", lambda: _fake_mpirun(
+        tmp_path, 1, "The PMIx server's listener thread failed to start. We cannot"))
+    assert launch.main(["-np", "2", "python", "x.py"]) == 0
+    assert (tmp_path / "count").read_text().strip() == "2"
+    assert "launching again" in capfd.readouterr().err
+
+    (tmp_path / "count").unlink()
+    monkeypatch.setattr(launch, "find_mpirun", lambda: _fake_mpirun(tmp_path, 5, "rank 1 died"))
+    assert launch.main(["-np", "2", "python", "x.py"]) == 213
+    assert (tmp_path / "count").read_text().strip() == "1"
+    assert "rank 1 died" in capfd.readouterr().err

@@ -105,20 +105,45 @@ def build_command(args, mpirun=None):
     return cmd + command
 
 
-def main(argv=None):
-    args = parser().parse_args(argv)
-    cmd = build_command(args)
-    if args.dry_run:
-        print(shlex.join(cmd))
-        return 0
-    proc = subprocess.Popen(cmd)
+# Text prterun prints when it could not start its own PMIx server.  It happens before
+# any rank runs (CI hit it once in a suite of ~60 back-to-back jobs), so
+# launching again is safe and is what a user would do by hand.
+STARTUP_FAILURES = (b"listener thread failed to start",)
+LAUNCH_ATTEMPTS = 3
+
+
+def run_mpirun(cmd):
+    """Run ``cmd``, passing its stderr through; returns (exit status, whether
+    mpirun itself failed to start)."""
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE)
 
     def forward(signum, _frame):
         proc.send_signal(signum)
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, forward)
+    tail = b""
+    out = sys.stderr.buffer
+    while chunk := proc.stderr.read1(65536):
+        out.write(chunk)
+        out.flush()
+        tail = (tail + chunk)[-4096:]
     code = proc.wait()
+    return code, code != 0 and any(text in tail for text in STARTUP_FAILURES)
+
+
+def main(argv=None):
+    args = parser().parse_args(argv)
+    cmd = build_command(args)
+    if args.dry_run:
+        print(shlex.join(cmd))
+        return 0
+    for attempt in range(1, LAUNCH_ATTEMPTS + 1):
+        code, not_started = run_mpirun(cmd)
+        if not (not_started and attempt < LAUNCH_ATTEMPTS):
+            break
+        print(f"elastic-hvd-run: mpirun could not start (attempt {attempt}); launching again",
+              file=sys.stderr)
     if code != 0:
         print(f"elastic-hvd-run: the job failed (mpirun exit status {code}); "
               "see the ranks' messages above", file=sys.stderr)
