@@ -7,6 +7,7 @@
   and a final checkpoint when too few ranks are left;
 * :class:`RankZeroProgbar` — the progress bar on exactly one rank;
 * :class:`FaultInjection` — fires ``ELASTIC_HVD_FAULTS`` step faults (tests, demos);
+* :class:`ElasticGrowth` — replace lost ranks / add new ones and hand them the live state;
 * :func:`fit_elastic` — ``model.fit`` for elastic datasets (one ``fit`` per epoch).
 """
 
@@ -14,8 +15,9 @@ from .checkpoint import EXIT_BELOW_MIN_NP, ElasticCheckpoint
 from .event_log import MembershipEventLog
 from .faults import FaultInjection
 from .fit import fit_elastic
+from .growth import ElasticGrowth
 from .lr import LearningRateRescaler
 from .progress import RankZeroProgbar
 
 __all__ = ["LearningRateRescaler", "MembershipEventLog", "ElasticCheckpoint", "RankZeroProgbar",
-           "FaultInjection", "fit_elastic", "EXIT_BELOW_MIN_NP"]
+           "FaultInjection", "ElasticGrowth", "fit_elastic", "EXIT_BELOW_MIN_NP"]

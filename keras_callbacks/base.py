@@ -53,3 +53,10 @@ class MembershipCallback(tf.keras.callbacks.Callback):
 
     def handle(self, event):
         raise NotImplementedError
+
+    def live_state(self):
+        """What a rank joining mid-training takes over (see keras_callbacks.growth)."""
+        return {"epoch": self.epoch, "step": self.step}
+
+    def load_live_state(self, state):
+        self.epoch, self.step = state["epoch"], state["step"]

@@ -20,7 +20,7 @@ from elastic_hvd.core import runtime
 EXIT_BELOW_MIN_NP = 3
 
 
-def _optimizer_variables(optimizer):
+def optimizer_variables(optimizer):
     variables = optimizer.variables
     return list(variables() if callable(variables) else variables)
 
@@ -56,7 +56,7 @@ class ElasticCheckpoint(tf.keras.callbacks.Callback):
         os.replace(weights + ".tmp.weights.h5", weights)
         slots = os.path.join(self.directory, f"{tag}.optimizer.npz")
         with open(slots + ".tmp", "wb") as f:
-            np.savez(f, *[v.numpy() for v in _optimizer_variables(self.model.optimizer)])
+            np.savez(f, *[v.numpy() for v in optimizer_variables(self.model.optimizer)])
         os.replace(slots + ".tmp", slots)
         meta = {"epoch": resume_epoch, "weights": os.path.basename(weights),
                 "optimizer": os.path.basename(slots), "sampler": sampler_state}
@@ -77,7 +77,7 @@ class ElasticCheckpoint(tf.keras.callbacks.Callback):
             optimizer.build(model.trainable_variables)
         with np.load(os.path.join(self.directory, meta["optimizer"])) as slots:
             values = [slots[f"arr_{i}"] for i in range(len(slots.files))]
-        variables = _optimizer_variables(optimizer)
+        variables = optimizer_variables(optimizer)
         if len(values) == len(variables):
             for variable, value in zip(variables, values):
                 variable.assign(value)

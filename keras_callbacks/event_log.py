@@ -36,6 +36,13 @@ class MembershipEventLog(MembershipCallback):
         self._steps_done += 1
         super().on_train_batch_end(batch, logs)
 
+    def live_state(self):
+        return {**super().live_state(), "steps_done": self._steps_done}
+
+    def load_live_state(self, state):
+        super().load_live_state(state)
+        self._steps_done = state["steps_done"]
+
     def handle(self, event):
         lr_before = lr_after = get_lr(self.model.optimizer)
         if self.rescaler is not None:
@@ -54,10 +61,13 @@ class MembershipEventLog(MembershipCallback):
         with open(self.path, "a") as f:
             f.write(json.dumps(record) + "\n")
         if self.console:
+            change = ", ".join(f"{what} rank(s) {record[what]}" for what in ("lost", "gained")
+                               if record[what])
+            took = (f"joined in {record['repair_ms']:.1f} ms" if event.gained else
+                    f"recovered in {record['detect_ms']:.1f} + {record['repair_ms']:.1f} ms")
             print(f"\n[elastic_hvd {time.strftime('%H:%M:%S')}] epoch {self.epoch + 1} step "
-                  f"{record['step']}: lost rank(s) {record['lost']}, {event.old_size} -> "
-                  f"{event.new_size} ranks, recovered in {record['detect_ms']:.1f} + "
-                  f"{record['repair_ms']:.1f} ms, lr {lr_before:.4g} -> {lr_after:.4g}", flush=True)
+                  f"{record['step']}: {change}, {event.old_size} -> {event.new_size} ranks, "
+                  f"{took}, lr {lr_before:.4g} -> {lr_after:.4g}", flush=True)
         if self.log_dir:
             self._tensorboard(event, record)
 

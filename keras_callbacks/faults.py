@@ -17,6 +17,12 @@ class FaultInjection(tf.keras.callbacks.Callback):
         super().__init__()
         self.steps_done = 0
 
+    def live_state(self):  # step numbers stay global for processes that join later
+        return {"steps_done": self.steps_done}
+
+    def load_live_state(self, state):
+        self.steps_done = state["steps_done"]
+
     def on_train_begin(self, logs=None):
         if self.steps_done == 0:
             faults.at_step(1)

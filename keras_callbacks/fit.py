@@ -11,15 +11,30 @@ import warnings
 
 import tensorflow as tf
 
+from elastic_hvd.core import ElasticHvdError, runtime
+
+from .growth import ElasticGrowth
 from .progress import RankZeroProgbar
 
 
 def fit_elastic(model, dataset, epochs, initial_epoch=0, callbacks=(), **kwargs):
-    """Train from ``initial_epoch`` to ``epochs``; returns one History with every epoch."""
+    """Train from ``initial_epoch`` to ``epochs``; returns one History with every epoch.
+
+    In a process spawned into the running job (an :class:`ElasticGrowth` among the
+    callbacks replaced or added it), training starts where the job is: the
+    callback takes over the live state first and sets the epoch.
+    """
     callbacks = list(callbacks)
     for callback in callbacks:
         if isinstance(callback, RankZeroProgbar):
             callback.total_epochs = epochs
+        if isinstance(callback, ElasticGrowth):
+            callback.callbacks = callbacks
+            if runtime.current("fit_elastic").joining:
+                initial_epoch = callback.join(model, callbacks)
+    if runtime.current("fit_elastic").joining:
+        raise ElasticHvdError("this process was spawned into a running job, but fit_elastic got "
+                              "no ElasticGrowth callback to hand it the live training state")
     history = tf.keras.callbacks.History()
     history.history, history.epoch = {}, []
     kwargs.setdefault("shuffle", False)  # the sampler shuffles

@@ -56,6 +56,13 @@ class LearningRateRescaler(MembershipCallback):
             self.momentum.restore(self.model.optimizer)
         super().on_train_batch_end(batch, logs)
 
+    def live_state(self):
+        return {**super().live_state(), "global_batch": self._global_batch}
+
+    def load_live_state(self, state):
+        super().load_live_state(state)
+        self._global_batch = state["global_batch"]
+
     def handle(self, event):
         optimizer = self.model.optimizer
         before = get_lr(optimizer)

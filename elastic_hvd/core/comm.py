@@ -32,6 +32,7 @@ import numpy as np
 from . import faults
 from .collectives import CollectivesMixin
 from .errors import MismatchError, RanksBelowMinimumError, RemoteCollectiveError
+from .growth import GrowthMixin, JoinOrderError
 from .membership import Listeners, MembershipEvent
 from .signature import SignaturePredictor
 
@@ -42,23 +43,32 @@ _PRE = 4     # contributed before the data transfer (slow path)
 _POST = 8    # contributed after the data transfer
 
 
-class ResilientComm(CollectivesMixin):
+class ResilientComm(CollectivesMixin, GrowthMixin):
     """An MPI communicator whose collectives survive the loss of ranks.
 
     ``ids`` maps each current rank to its *original id* (its rank when the
-    communicator was created), which stays stable across repairs.
+    communicator was created; processes that join later get the next free ids),
+    which stays stable across repairs.  ``parent`` is given in a process spawned
+    into a running job (see :mod:`.growth`): it then starts as a *joiner*.
     """
 
     def __init__(self, MPI, comm, *, min_np=1, mismatch_timeout=5.0, elastic=True,
-                 heartbeat=None):
+                 heartbeat=None, parent=None):
         self.MPI = MPI
         self._failure_classes = (MPI.ERR_PROC_FAILED, MPI.ERR_PROC_FAILED_PENDING,
                                  MPI.ERR_REVOKED)
-        self._comm = comm.Dup()
-        self._comm.Set_errhandler(MPI.ERRORS_RETURN)
-        self.original_id = self._comm.rank
-        self._ids = list(range(self._comm.size))
-        self._procs = self._comm.allgather((socket.gethostname(), os.getpid()))
+        self._join, self._quiet, self.joining = None, False, False
+        if parent is not None:
+            self._init_joiner(parent)
+            self._procs = {}
+        else:
+            self._comm = comm.Dup()
+            self._comm.Set_errhandler(MPI.ERRORS_RETURN)
+            self.original_id = self._comm.rank
+            self._ids = list(range(self._comm.size))
+            self._procs = dict(enumerate(self._comm.allgather(
+                (socket.gethostname(), os.getpid()))))
+        self._next_id = len(self._ids)
         self.initial_size = self._comm.size
         self.min_np = int(min_np)
         self.mismatch_timeout = float(mismatch_timeout)
@@ -103,7 +113,11 @@ class ResilientComm(CollectivesMixin):
 
     def hosts(self):
         """Host name of each current rank."""
-        return [self._procs[i][0] for i in self._ids]
+        return [self.host_of(i) for i in self._ids]
+
+    def host_of(self, original_id):
+        """Host of a process, current or lost, by original id (None if unknown)."""
+        return self._procs.get(original_id, (None, None))[0]
 
     # -- the transaction ----------------------------------------------------------
     def run(self, signature, attempt):
@@ -118,6 +132,8 @@ class ResilientComm(CollectivesMixin):
         if self._below_min is not None:
             raise self._below_min
         if signature is not None:
+            if self.joining:
+                raise JoinOrderError(signature)
             faults.at_collective()
         if self._heartbeat is None:
             return self._run(signature, attempt)
@@ -220,6 +236,8 @@ class ResilientComm(CollectivesMixin):
         if not lost:
             return
         self._fence(lost)
+        if self._quiet:  # inside a join: reported in its event
+            return
         event = MembershipEvent(
             old_size=len(old_ids), new_size=new.size, lost=lost,
             detect_s=detected - started, repair_s=repaired - detected,
@@ -237,11 +255,11 @@ class ResilientComm(CollectivesMixin):
         The lowest survivor on each host kills the lost processes of its host;
         that also lets ``mpirun`` exit once the survivors are done.
         """
-        host = self._procs[self.original_id][0]
-        local = [i for i in self._ids if self._procs[i][0] == host]
+        host = socket.gethostname()
+        local = [i for i in self._ids if self.host_of(i) == host]
         if local and local[0] == self.original_id:
             for i in lost:
-                lost_host, pid = self._procs[i]
+                lost_host, pid = self._procs.get(i, (None, None))
                 if lost_host == host:
                     try:
                         os.kill(pid, signal.SIGKILL)

@@ -9,10 +9,12 @@ list of ``key=value``::
 
 ``rank``
     original id (rank at ``init()``) of the process that fails.
-``coll`` / ``step``
+``coll`` / ``step`` / ``spawn``
     when: at the N-th collective this process starts (1-based, counted by the core),
-    or when the training loop reports step N (:func:`at_step`, called by the Keras
-    layer before each step).  Exactly one of the two.
+    when the training loop reports step N (:func:`at_step`, called by the Keras
+    layer before each step), or in the N-th spawn of new processes this process
+    takes part in, between the spawn and the merge (a failure *during* the repair
+    that grows the job back).  Exactly one of the three.
 ``signal``
     ``KILL`` (default), ``TERM``, ``STOP``, ``SEGV``… any ``signal.SIG*`` name, or
     ``RAISE`` to raise :class:`FaultInjected` (a Python exception in user code), or
@@ -42,6 +44,7 @@ class Fault:
     rank: int
     coll: int = None
     step: int = None
+    spawn: int = None
     signal: str = "KILL"
     delay: float = 0.0
     phase: str = "before"
@@ -72,11 +75,11 @@ def parse(spec):
             if not sep:
                 raise ValueError(f"{ENV}: expected key=value, got {item!r} in {entry!r}")
             fields[key.strip()] = value.strip()
-        unknown = set(fields) - {"rank", "coll", "step", "signal", "delay", "phase"}
+        unknown = set(fields) - {"rank", "coll", "step", "spawn", "signal", "delay", "phase"}
         if unknown:
             raise ValueError(f"{ENV}: unknown key(s) {sorted(unknown)} in {entry!r}")
-        if ("coll" in fields) == ("step" in fields):
-            raise ValueError(f"{ENV}: give exactly one of coll= or step= in {entry!r}")
+        if sum(key in fields for key in ("coll", "step", "spawn")) != 1:
+            raise ValueError(f"{ENV}: give exactly one of coll=, step= or spawn= in {entry!r}")
         if fields.get("phase", "before") not in ("before", "after"):
             raise ValueError(f"{ENV}: phase must be before or after in {entry!r}")
         sig = fields.get("signal", "KILL").upper().removeprefix("SIG")
@@ -86,6 +89,7 @@ def parse(spec):
             rank=int(fields["rank"]),
             coll=int(fields["coll"]) if "coll" in fields else None,
             step=int(fields["step"]) if "step" in fields else None,
+            spawn=int(fields["spawn"]) if "spawn" in fields else None,
             signal=sig, delay=float(fields.get("delay", 0.0)),
             phase=fields.get("phase", "before")))
     return faults
@@ -99,10 +103,17 @@ class FaultPlan:
         self._by_coll = {f.coll: f for f in mine if f.coll is not None and f.phase == "before"}
         self._after_coll = {f.coll: f for f in mine if f.coll is not None and f.phase == "after"}
         self._by_step = {f.step: f for f in mine if f.step is not None}
-        self._collectives = 0
+        self._by_spawn = {f.spawn: f for f in mine if f.spawn is not None}
+        self._collectives = self._spawns = 0
 
     def __bool__(self):
-        return bool(self._by_coll or self._after_coll or self._by_step)
+        return bool(self._by_coll or self._after_coll or self._by_step or self._by_spawn)
+
+    def at_spawn(self):
+        self._spawns += 1
+        fault = self._by_spawn.pop(self._spawns, None)
+        if fault:
+            fault.fire()
 
     def at_collective(self):
         self._collectives += 1
@@ -139,6 +150,11 @@ def at_collective():
 def after_transfer():
     if _plan:
         _plan.after_transfer()
+
+
+def at_spawn():
+    if _plan:
+        _plan.at_spawn()
 
 
 def at_step(step):

@@ -2,11 +2,12 @@
 
 import atexit
 import ctypes
+import json
 import os
 import sys
 import threading
 
-from . import faults
+from . import faults, growth
 from .comm import ResilientComm
 from .errors import NotInitializedError
 from .heartbeat import Heartbeat
@@ -59,8 +60,9 @@ def init(comm=None, *, min_np=None, mismatch_timeout=None, stall_timeout=None):
         MPI, base,
         min_np=_setting(min_np, "ELASTIC_HVD_MIN_NP", 1, int),
         mismatch_timeout=_setting(mismatch_timeout, "ELASTIC_HVD_MISMATCH_TIMEOUT", 5.0),
-        elastic=elastic, heartbeat=heartbeat)
-    faults.configure(_current.original_id)
+        elastic=elastic, heartbeat=heartbeat, parent=growth.merge_with_parent(MPI))
+    if not _current.joining:  # a joiner learns its id when it joins (see join())
+        faults.configure(_current.original_id)
     atexit.register(_at_exit, MPI, heartbeat)
     return _current
 
@@ -123,10 +125,19 @@ def _leave_together():
     A last (resilient) barrier lets everyone finalize at the same moment.
     """
     if _current is not None:
+        _current.abandon_join()
+        if _current.joining:  # never joined: not a member, nobody waits for it
+            return
         try:
             _current.barrier()
         except Exception as exc:  # below min_np, or a failure at the very end
             print(f"elastic_hvd: final barrier failed: {exc}", file=sys.stderr)
+            return
+        status = os.environ.get("ELASTIC_HVD_STATUS_FILE")
+        if status and _current.rank == 0:  # for elastic-hvd-run's exit status
+            with open(status, "w") as f:
+                json.dump({"completed": True, "size": _current.size,
+                           "lost": [i for e in _current.events for i in e.lost]}, f)
 
 
 def is_initialized():

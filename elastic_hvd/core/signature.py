@@ -30,3 +30,10 @@ class SignaturePredictor:
             self._next.clear()
         self._next[self._context] = signature
         self._context = (self._context[1], signature)
+
+    def state(self):
+        """The history, for a process that joins the job later."""
+        return {"context": self._context, "next": dict(self._next)}
+
+    def load_state(self, state):
+        self._context, self._next = tuple(state["context"]), dict(state["next"])

@@ -74,6 +74,8 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         self.root_rank = root_rank
         self.local_variables = {id(v) for v in local_variables or []}
         self.broadcast_done = False
+        #: Set for a process that joined mid-epoch with the live state already.
+        self.skip_next_train_begin = False
 
     def _broadcast(self):
         variables = list(self.model.variables)
@@ -85,6 +87,9 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
                             self.root_rank)
 
     def on_train_begin(self, logs=None):
+        if self.skip_next_train_begin:
+            self.skip_next_train_begin = False
+            return
         self._broadcast()
 
     def on_train_batch_end(self, batch, logs=None):

@@ -1,0 +1,454 @@
+"""Growing a running job: new processes join the live communicator in place.
+
+Shrinking keeps a job alive; growing gives it back its speed.  A join has two
+halves so that the ranks already training never wait for a new process to
+start Python and import TensorFlow:
+
+1. **Spawn** (every live rank together, at a step boundary): ``MPI_Comm_spawn`` of
+   ``python -m elastic_hvd.runner.join <the same program>``, whose first act is
+   ``MPI_Init`` and an intercommunicator merge, so this costs about one Python
+   start-up (~1 s).  The spawn's outcome is agreed like any collective; a
+   failure during it is repaired and the spawn is simply tried again later.
+   The ranks then train on while the joiners load their program.
+2. **Adopt**: once per step while a join is pending, one agreed ``allreduce``
+   asks whether every joiner has reached :meth:`GrowthMixin.join` (a non-blocking
+   barrier on the merged communicator).  When they all have, the merged
+   communicator becomes the live one -- old ranks first, in their order, joiners
+   after them, so ranks stay stable -- and the bookkeeping (original ids, hosts,
+   membership history, the call history of :mod:`.signature`) is handed over with
+   resilient collectives.  One ``gained`` :class:`MembershipEvent` follows.
+
+If the live ranks change while a join is pending, the join is abandoned (the
+merged communicator is revoked, so the joiners exit) and a new one is spawned
+for the new deficit.  Training state (weights, data position...) is the Keras
+layer's business: see ``keras_callbacks.growth``.
+"""
+
+import base64
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+from . import faults
+from .errors import ElasticHvdError, RanksBelowMinimumError
+from .membership import MembershipEvent
+
+#: ``ResilientComm.label`` while a join's bookkeeping is exchanged.
+JOIN_LABEL = "ElasticJoin"
+#: Seconds a spawned process may take to merge before it gives up and exits.
+MERGE_DEADLINE = 120.0
+
+
+class JoinOrderError(ElasticHvdError):
+    """A joining process called a collective before it received the live state."""
+
+    def __init__(self, signature):
+        super().__init__(
+            f"this process was spawned into a running job and called {signature[0]!r} before "
+            "receiving the live training state; a joining process must skip start-up "
+            "collectives (guard them with `if not comm.joining:`) and reach training "
+            "(keras_callbacks.fit_elastic) first")
+
+
+class _Join:
+    """A spawn whose joiners have not been adopted yet (parents' side)."""
+
+    def __init__(self, merged, barrier, count, events):
+        self.merged, self.barrier, self.count, self.events = merged, barrier, count, events
+        self.started = time.perf_counter()
+
+
+class _Parent:
+    """What a joiner knows right after its merge: the merged communicator."""
+
+    def __init__(self, merged, parents):
+        self.merged, self.parents = merged, parents
+
+
+_parent = None
+
+
+def merge_with_parent(MPI):
+    """Joiner side, once: merge with the ranks that spawned this process (None if
+    nobody did).  Called as early as possible: the parents wait for it."""
+    global _parent
+    if _parent is not None:
+        return _parent
+    intercomm = MPI.Comm.Get_parent()
+    if intercomm == MPI.COMM_NULL:
+        return None
+    intercomm.Set_errhandler(MPI.ERRORS_RETURN)
+    watchdog = threading.Timer(MERGE_DEADLINE, _give_up, ("the running job never merged",))
+    watchdog.daemon = True
+    watchdog.start()
+    try:
+        merged = intercomm.Merge(high=True)
+    except MPI.Exception as exc:  # the parents abandoned this spawn
+        _give_up(f"merge failed ({exc.Get_error_string()})")
+    finally:
+        watchdog.cancel()
+    merged.Set_errhandler(MPI.ERRORS_RETURN)
+    try:
+        _connect_all(merged)
+    except MPI.Exception as exc:
+        _give_up(f"could not reach the running job ({exc.Get_error_string()})")
+    parents = intercomm.Get_remote_size()
+    intercomm.Free()
+    _parent = _Parent(merged, parents)
+    return _parent
+
+
+def _connect_all(merged):
+    """Open a connection between every pair of the merged processes, now, while
+    they are all alive.  Open MPI connects lazily, and its first contact with a
+    process of another job that has died since blocks for ever (in PMIx_Get of
+    the peer's address), freezing the progress engine of the whole rank."""
+    import numpy as np
+    merged.Alltoall(np.zeros(merged.size, dtype=np.int8), np.empty(merged.size, dtype=np.int8))
+
+
+def _give_up(why):
+    print(f"elastic_hvd: joining process {os.getpid()} exits: {why}", file=sys.stderr, flush=True)
+    os._exit(0)
+
+
+def program_argv():
+    """The command line that started this program, for joiners to run it too."""
+    saved = os.environ.get("ELASTIC_HVD_PROGRAM")
+    if saved:
+        return json.loads(saved)
+    argv = list(sys.orig_argv[1:])
+    while argv and argv[0].startswith("-") and argv[0] != "-m":
+        argv.pop(0)  # interpreter options (-u, -O...)
+    return argv
+
+
+def joiner_command():
+    """(executable, args) to spawn: the join wrapper around this program, carrying
+    this process's environment (spawned processes get mpirun's, not ours)."""
+    env = base64.b64encode(json.dumps(dict(os.environ)).encode()).decode()
+    return sys.executable, ["-m", "elastic_hvd.runner.join", env, *program_argv()]
+
+
+class GrowthMixin:
+    """Spawn/adopt (old ranks) and join (new ranks) for :class:`ResilientComm`."""
+
+    # -- old ranks ------------------------------------------------------------------
+    @property
+    def join_pending(self):
+        return self._join is not None
+
+    def spawn(self, count, hosts=(), oversubscribe=None):
+        """Start ``count`` joiners (collective); True if they are on their way.
+
+        ``hosts``: host names to place them on (default: Open MPI's choice).  A
+        failure during the spawn is repaired as in any collective and the spawn
+        reported as not done (False), to be retried later.
+        """
+        if self._join is not None or count <= 0:
+            return False
+        MPI = self.MPI
+        started = time.perf_counter()
+        comm = self._comm
+        flag, merged, error = 0, None, None
+        info = MPI.Info.Create()
+        info.Set("wdir", os.getcwd())
+        if hosts:
+            info.Set("host", ",".join(hosts))
+        if oversubscribe if oversubscribe is not None else \
+                os.environ.get("ELASTIC_HVD_OVERSUBSCRIBE") == "1":
+            info.Set("map_by", ":OVERSUBSCRIBE")
+        executable, args = joiner_command()
+        inter = None
+        try:
+            inter = comm.Spawn(executable, args, maxprocs=count, info=info, root=0)
+            inter.Set_errhandler(MPI.ERRORS_RETURN)
+            faults.at_spawn()
+            merged = inter.Merge(high=False)
+            merged.Set_errhandler(MPI.ERRORS_RETURN)
+            _connect_all(merged)
+            flag = 1
+        except MPI.Exception as exc:
+            error = exc
+            self._revoke(comm)  # free the ranks still inside the spawn
+        finally:
+            info.Free()
+        agreed = self._agree(comm, flag)
+        if inter is not None:
+            inter.Free()
+        if agreed == 1:
+            self._join = _Join(merged, merged.Ibarrier(), count, len(self.events))
+            return True
+        if merged is not None:
+            self._revoke(merged)  # the joiners waiting on it give up
+        if agreed is None or comm.Is_revoked():
+            self._repair(started)
+        if error is not None and self.rank == 0:
+            print(f"elastic_hvd: spawning {count} process(es) failed: "
+                  f"{error.Get_error_string()}", file=sys.stderr, flush=True)
+        return False
+
+    def poll_join(self):
+        """At a step boundary (collective while a join is pending): adopt the joiners
+        if they are all ready; returns the growth event then, else None."""
+        join = self._join
+        if join is None:
+            return None
+        MPI = self.MPI
+        ready = -1
+        if len(self.events) == join.events:
+            try:
+                local = 1 if join.barrier.Test() else 0
+            except MPI.Exception:
+                local = -1
+            ready = self.run(("poll_join",), lambda c: c.allreduce(local, op=MPI.MIN))
+        if len(self.events) != join.events or ready < 0:
+            self.abandon_join()
+            return None
+        if ready == 0:
+            return None
+        self._join = None
+        old, old_ids = self._comm, self._ids
+        new_ids = list(range(self._next_id, self._next_id + join.count))
+        self._comm, self._ids = join.merged, old_ids + new_ids
+        self._old_ids = set(old_ids)
+        try:
+            old.Free()
+        except MPI.Exception:
+            pass
+        return self._exchange_bookkeeping(len(old_ids), join.started)
+
+    def abandon_join(self):
+        """Give up the pending join (local; its joiners exit)."""
+        join, self._join = self._join, None
+        if join is not None:
+            self._revoke(join.merged)
+            try:
+                join.merged.Free()
+            except self.MPI.Exception:
+                pass
+
+    # -- new ranks ------------------------------------------------------------------
+    def _init_joiner(self, parent):
+        """State of a joiner before it joins: placeholder ids (old ranks first)."""
+        merged = parent.merged
+        self._comm = merged
+        self._ids = [-1 - r for r in range(parent.parents)] + \
+            [-1_000_000 - r for r in range(merged.size - parent.parents)]
+        self._old_ids = set(self._ids[:parent.parents])
+        self.original_id = self._ids[merged.rank]
+        self.joining = True
+
+    def join(self):
+        """Joiner side: meet the running job and take over its bookkeeping; returns
+        the growth event.  If the job gave up on this process (its ranks changed, or
+        training ended first), the process exits quietly: nobody needs it."""
+        if not self.joining:
+            raise ElasticHvdError("join(): this process is not joining a running job")
+        try:
+            self._comm.Ibarrier().Wait()  # a blocking Barrier would not match theirs
+        except self.MPI.Exception as exc:
+            _give_up(f"the running job no longer waits for it ({exc.Get_error_string()})")
+        event = self._exchange_bookkeeping(None, time.perf_counter())
+        self.joining = False
+        faults.configure(self.original_id)  # ELASTIC_HVD_FAULTS may name the new id
+        return event
+
+    # -- both -------------------------------------------------------------------------
+    def _exchange_bookkeeping(self, old_size, started):
+        """Every member of the merged communicator ends with the same ids, hosts,
+        history and call predictions; returns the one growth event."""
+        label, self.label = self.label, JOIN_LABEL
+        self._quiet = True  # repairs inside the join fold into its one event
+        try:
+            def hand_over(comm):
+                root = next(r for r, i in enumerate(self._ids) if i in self._old_ids)
+                book = None
+                if comm.rank == root:
+                    book = {"ids": self._ids, "old": sorted(self._old_ids),
+                            "procs": self._procs, "events": self.events,
+                            "initial_size": self.initial_size, "next_id": self._next_id,
+                            "old_size": old_size, "min_np": self.min_np,
+                            "predictor": self._predictor.state()}
+                return comm.bcast(book, root=root)
+
+            book = self.run(None, hand_over)
+            self._ids, self._old_ids = list(book["ids"]), set(book["old"])
+            self._procs.update(book["procs"])
+            self.events = list(book["events"])
+            self.initial_size, self.min_np = book["initial_size"], book["min_np"]
+            self._next_id = max(book["next_id"], max(self._ids) + 1)
+            self._predictor.load_state(book["predictor"])
+            self.original_id = self._ids[self.rank]
+            procs = self.run(None, lambda c: c.allgather((socket.gethostname(), os.getpid())))
+            self._procs.update(zip(self._ids, procs))
+        finally:
+            self._quiet, self.label = False, label
+        old = book["old"]
+        event = MembershipEvent(
+            old_size=book["old_size"], new_size=self.size,
+            lost=tuple(i for i in old if i not in self._ids),
+            gained=tuple(i for i in self._ids if i not in old),
+            repair_s=time.perf_counter() - started, sequence=len(self.events) + 1,
+            during=JOIN_LABEL)
+        self.events.append(event)
+        self._old_ids = set()
+        self._notify(event)
+        if self.size < self.min_np:
+            self._below_min = RanksBelowMinimumError(self.size, self.min_np, event.lost)
+            raise self._below_min
+        return event
+
+
+class GrowthPolicy:
+    """When to grow, identically on every rank.
+
+    Joiners are spawned one per join: Open MPI's runtime applies ``--with-ft ulfm``
+    to the job ``mpirun`` started only, so in a spawned job of several processes
+    the death of one kills its siblings (measured here).  A spawned job of one
+    process loses nobody else.
+
+    ``respawn``: replace lost ranks, back up to the size the job started with.
+    ``max_np`` + ``discover`` (a callable returning ``{host: slots}``, run on rank 0
+    in a background thread every ``interval`` seconds): add ranks while slots are
+    free, up to ``max_np``.  The discovered target reaches the other ranks through
+    one small broadcast every ``check_every`` steps.  After a failed spawn (or
+    joiners that died before joining) the next try waits ``retry_steps`` steps;
+    after ``max_failures`` failures in a row the job stops trying.
+    """
+
+    def __init__(self, respawn=False, max_np=None, discover=None, interval=5.0,
+                 check_every=10, retry_steps=20, max_failures=3):
+        self.respawn, self.max_np, self.discover = respawn, max_np, discover
+        self.interval, self.check_every, self.retry_steps = interval, check_every, retry_steps
+        self.steps = 0           # step boundaries seen (the same on every rank)
+        self.next_try = 0        # no spawn before this step
+        self.failures, self.max_failures = 0, max_failures
+        self.discovered = {}     # host -> slots, as last agreed
+        self._latest = None      # rank 0's latest discovery (its thread writes it)
+        self._thread = None
+
+    @classmethod
+    def from_env(cls, environ=os.environ):
+        """The policy ``elastic-hvd-run --respawn / --max-np / --host-discovery-script``
+        asked for (through ``ELASTIC_HVD_*`` variables)."""
+        script = environ.get("ELASTIC_HVD_HOST_DISCOVERY")
+        hostfile = environ.get("ELASTIC_HVD_HOSTFILE")
+        discover = None
+        if script:
+            discover = lambda: discover_hosts(script)  # noqa: E731
+        elif hostfile:
+            discover = lambda: read_hostfile(hostfile)  # noqa: E731
+        max_np = environ.get("ELASTIC_HVD_MAX_NP")
+        return cls(respawn=environ.get("ELASTIC_HVD_RESPAWN") == "1",
+                   max_np=int(max_np) if max_np else None, discover=discover,
+                   interval=float(environ.get("ELASTIC_HVD_DISCOVERY_INTERVAL", 5.0)))
+
+    def __bool__(self):
+        return bool(self.respawn or (self.max_np and self.discover))
+
+    def state(self):
+        return {"steps": self.steps, "next_try": self.next_try, "failures": self.failures,
+                "discovered": self.discovered}
+
+    def load_state(self, state):
+        self.steps, self.next_try = state["steps"], state["next_try"]
+        self.failures = state["failures"]
+        self.discovered = dict(state["discovered"])
+
+    def step(self, comm):
+        """Call at every step boundary on every rank: adopts ready joiners (returns
+        their event) and spawns new ones when the job is below its target.  In a
+        joining process the first call joins (and returns the same event)."""
+        if comm.joining:
+            return comm.join()
+        pending = comm.join_pending
+        event = comm.poll_join()
+        if event is not None:
+            self.failures = 0
+            return event
+        if pending and not comm.join_pending:  # abandoned: its joiners died or ranks changed
+            self._failed()
+        self.steps += 1
+        if self.max_np and self.discover:
+            self._start_discovery(comm)
+            if self.steps % self.check_every == 1 or self.check_every == 1:
+                self.discovered = comm.broadcast_object(
+                    self._latest if self._latest is not None else self.discovered)
+        if comm.join_pending or self.steps < self.next_try:
+            return None
+        count, hosts = self.wanted(comm)
+        if count > 0 and not comm.spawn(1, hosts[:1]):
+            self._failed()
+        return None
+
+    def _failed(self):
+        self.failures += 1
+        self.next_try = self.steps + (self.retry_steps if self.failures < self.max_failures
+                                      else float("inf"))
+
+    def wanted(self, comm):
+        """(ranks to add, hosts to put them on) -- the same on every rank."""
+        target = comm.initial_size if self.respawn else comm.size
+        placed = comm.hosts()
+        if self.discovered and self.max_np:
+            target = max(target, min(self.max_np, sum(self.discovered.values())))
+        if self.max_np:
+            target = min(target, self.max_np)
+        count = target - comm.size
+        if count <= 0:
+            return 0, []
+        if self.discovered:
+            free = []
+            for host, slots in sorted(self.discovered.items()):
+                free += [host] * max(0, slots - placed.count(host))
+            return min(count, len(free)), free[:count]
+        lost = [comm.host_of(i) for e in reversed(comm.events) for i in e.lost]
+        return count, [h for h in lost if h][:count]
+
+    def _start_discovery(self, comm):
+        if self._thread is not None or comm.rank != 0:
+            return
+
+        def loop():
+            while True:
+                try:
+                    self._latest = self.discover()
+                except Exception as exc:  # a broken script must not stop training
+                    print(f"elastic_hvd: host discovery failed: {exc}", file=sys.stderr,
+                          flush=True)
+                time.sleep(self.interval)
+
+        self._thread = threading.Thread(target=loop, name="elastic_hvd-discovery", daemon=True)
+        self._thread.start()
+
+
+def parse_hosts(text):
+    """``host:slots`` lines (horovodrun's discovery format) -> ``{host: slots}``.
+    ``localhost`` means this machine, under the name MPI knows it by."""
+    hosts = {}
+    for line in text.splitlines():
+        line = line.split("#")[0].strip()
+        if not line:
+            continue
+        host, _, slots = line.partition(":")
+        if host in ("localhost", "127.0.0.1"):
+            host = socket.gethostname()
+        hosts[host] = hosts.get(host, 0) + int(slots or 1)
+    return hosts
+
+
+def discover_hosts(script):
+    out = subprocess.run([script], capture_output=True, text=True, timeout=30, check=True)
+    return parse_hosts(out.stdout)
+
+
+def read_hostfile(path):
+    """An Open MPI hostfile (``host slots=N``) or discovery-format file."""
+    with open(path) as f:
+        text = f.read().replace(" slots=", ":")
+    return parse_hosts(text)

@@ -1,0 +1,43 @@
+"""What a process spawned into a running job runs: ``python -m elastic_hvd.runner.join
+<environment> <program...>``.
+
+The running ranks wait inside ``MPI_Comm_spawn`` until this process has merged
+with them, so it merges first -- before the program imports TensorFlow and
+builds its model, which happens while the running ranks go on training -- and
+only then runs the program, exactly as the original ranks ran it.  The
+environment comes along base64-encoded: a spawned process gets ``mpirun``'s
+environment, not the spawning rank's (``-x`` variables would be missing).
+"""
+
+import base64
+import json
+import os
+import runpy
+import sys
+
+#: Variables of the MPI runtime, which describe the spawning process, not this one.
+RUNTIME_PREFIXES = ("PMIX", "PRTE", "OMPI_")
+
+
+def main():
+    environ = json.loads(base64.b64decode(sys.argv[1]))
+    program = sys.argv[2:]
+    for name, value in environ.items():
+        if not name.startswith(RUNTIME_PREFIXES):
+            os.environ.setdefault(name, value)
+    os.environ["ELASTIC_HVD_PROGRAM"] = json.dumps(program)
+
+    from elastic_hvd.core import growth, mpi_env
+    growth.merge_with_parent(mpi_env.load_mpi())
+
+    if program[:1] == ["-m"]:
+        sys.argv = [program[1], *program[2:]]
+        runpy.run_module(program[1], run_name="__main__", alter_sys=True)
+    else:
+        sys.argv = list(program)
+        sys.path[0] = os.path.dirname(os.path.abspath(program[0]))
+        runpy.run_path(program[0], run_name="__main__")
+
+
+if __name__ == "__main__":
+    main()

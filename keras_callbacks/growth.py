@@ -1,0 +1,125 @@
+"""Growing back inside ``model.fit``: replacement and extra ranks start from the live state.
+
+:class:`ElasticGrowth` runs the core's :class:`~elastic_hvd.core.growth.GrowthPolicy`
+at every step boundary.  The step at which joiners are adopted, the lowest rank
+broadcasts the *live* training state -- every model variable (weights, batch-norm
+statistics, seed-generator states), every optimizer variable (slots, iteration
+count, learning rate), the epoch, the sampler's position in it, the growth
+policy's counters and the state of the membership callbacks -- and the joiners
+start training at that very step: no disk checkpoint, no step lost or repeated.
+
+Before the state leaves, the other membership callbacks settle the growth event
+(the learning rate is rescaled back up, etc.), so a joiner receives the rate the
+others will use for the step.  From then on the sampler splits the rest of the
+epoch over the larger membership (see :mod:`elastic_hvd.sharding`).
+
+A joining process runs the same script from the top; :func:`~keras_callbacks.fit_elastic`
+calls :meth:`ElasticGrowth.join` before training.  Code before it must not run
+collectives in a joiner (``if not comm.joining: ...``).
+"""
+
+import time
+
+import tensorflow as tf
+
+from elastic_hvd.core import ElasticHvdError, runtime
+from elastic_hvd.core.growth import GrowthPolicy
+from elastic_hvd.tensorflow.keras.callbacks import BroadcastGlobalVariablesCallback, get_lr, set_lr
+
+from .base import MembershipCallback
+from .checkpoint import optimizer_variables
+
+
+class ElasticGrowth(tf.keras.callbacks.Callback):
+    """Replace lost ranks / add ranks (``policy``, default: from ``elastic-hvd-run``'s
+    ``--respawn`` / ``--max-np`` / ``--host-discovery-script``) and hand them the live state.
+
+    ``sampler``: the :class:`~elastic_hvd.sharding.ElasticSampler` feeding the model.
+    ``handovers`` lists ``(event, seconds)`` of every hand-over this rank took part in.
+    """
+
+    def __init__(self, sampler, policy=None):
+        super().__init__()
+        self.sampler = sampler
+        self.policy = policy if policy is not None else GrowthPolicy.from_env()
+        self.callbacks = []  # fit_elastic sets the callback list: their state travels too
+        self.epoch = 0
+        self.handovers = []
+        self._skip_next = False
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if self._skip_next:  # a joiner at its first step: the others are at this point already
+            self._skip_next = False
+            return
+        if not self.policy:
+            return
+        comm = runtime.current("ElasticGrowth")
+        event = self.policy.step(comm)
+        if event is not None and event.gained:
+            started = time.perf_counter()
+            for callback in self.callbacks:
+                if isinstance(callback, MembershipCallback):
+                    callback._drain()
+            comm.broadcast_object(self._live_state())
+            self.handovers.append((event, time.perf_counter() - started))
+
+    # -- the live state ------------------------------------------------------------
+    def _live_state(self):
+        model = self.model
+        optimizer = model.optimizer
+        return {
+            "epoch": self.epoch,
+            "model": [v.numpy() for v in model.variables],
+            "optimizer": [v.numpy() for v in optimizer_variables(optimizer)],
+            "lr": get_lr(optimizer), "lr_factor": getattr(optimizer, "_elastic_lr_factor", 1.0),
+            "sampler": {**self.sampler.state(), "batch_size": self.sampler.batch_size},
+            "policy": self.policy.state(),
+            "callbacks": [c.live_state() if hasattr(c, "live_state") else None
+                          for c in self.callbacks],
+        }
+
+    def join(self, model, callbacks):
+        """In a joining process, before training: join the job, take over the live
+        state; returns the epoch to train from."""
+        comm = runtime.current("ElasticGrowth.join")
+        self.model = model
+        started = time.perf_counter()
+        event = self.policy.step(comm)  # a joiner's step joins (see GrowthPolicy.step)
+        state = comm.broadcast_object(None)
+        _assign(model.variables, state["model"], "model")
+        optimizer = model.optimizer
+        if hasattr(optimizer, "build") and not getattr(optimizer, "built", True):
+            optimizer.build(model.trainable_variables)
+        _assign(optimizer_variables(optimizer), state["optimizer"], "optimizer")
+        set_lr(optimizer, state["lr"])
+        optimizer._elastic_lr_factor = state["lr_factor"]
+        self.sampler.batch_size = state["sampler"]["batch_size"]
+        self.sampler.load_state(state["sampler"])
+        self.policy.load_state(state["policy"])
+        if len(state["callbacks"]) != len(callbacks):
+            raise ElasticHvdError("a joining process must train with the same callbacks as "
+                                  f"the job ({len(callbacks)} here, {len(state['callbacks'])} there)")
+        for callback, saved in zip(callbacks, state["callbacks"]):
+            if saved is not None:
+                callback.load_live_state(saved)
+            if isinstance(callback, BroadcastGlobalVariablesCallback):
+                callback.broadcast_done = True
+                callback.skip_next_train_begin = True  # the others are mid-epoch
+        self._skip_next = True
+        self.epoch = state["epoch"]
+        self.handovers.append((event, time.perf_counter() - started))
+        return state["epoch"]
+
+
+def _assign(variables, values, what):
+    variables = list(variables)
+    if len(variables) != len(values) or any(
+            tuple(v.shape) != tuple(x.shape) for v, x in zip(variables, values)):
+        raise ElasticHvdError(
+            f"the joining process's {what} does not match the running job's "
+            f"({len(variables)} vs {len(values)} variables): build the same model")
+    for variable, value in zip(variables, values):
+        variable.assign(value)
