@@ -35,21 +35,25 @@ def main(steps, die_before_join=False):
         except FileExistsError:
             pass
     step, total, joined_at, sizes = 0, np.zeros(4, dtype=np.float64), None, []
+    expected = 0.0  # what total[0] must be: the members' ids + 1, summed step by step
     while step < steps:
         event = policy.step(comm)
         if event is not None and event.gained:
             state = comm.broadcast_object(
                 None if comm.original_id in event.gained else
-                {"step": step, "total": total, "policy": policy.state()})
+                {"step": step, "total": total, "expected": expected, "policy": policy.state()})
             if comm.original_id in event.gained:
                 step, total, joined_at = state["step"], state["total"], state["step"]
+                expected = state["expected"]
                 policy.load_state(state["policy"])
         step += 1
         faults.at_step(step)
         time.sleep(0.05)
         total += comm.allreduce(np.full(4, comm.original_id + 1.0))
+        expected += sum(i + 1.0 for i in comm.ids)  # who the allreduce counted
         sizes.append(comm.size)
     report.write(comm.original_id, ids=list(comm.ids), size=comm.size, total=total.tolist(),
+                 expected=expected,
                  joined_at=joined_at, sizes=sizes, pid=os.getpid(), started_at=started_at,
                  events=[e.as_dict() for e in comm.events])
 

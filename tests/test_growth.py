@@ -1,0 +1,80 @@
+"""Growing back (issue 6) on the bare core: real spawns, real kills, hard timeouts.
+
+The worker (workers/growth_scenarios.py) trains a running total with one
+allreduce per step; the step that adopts a joiner hands it the total.  Every
+rank alive at the end must hold the same total, which equals the sum of what
+the live members contributed step by step -- a joiner that started from a wrong
+state, or a step it missed or repeated, changes it.
+"""
+
+import pytest
+
+from mpijob import run_job
+
+pytestmark = pytest.mark.multirank
+
+STEPS = 120
+
+
+def grow(tmp_path, faults, *args, launcher=("--respawn",), timeout=180):
+    job = run_job("growth_scenarios.py", STEPS, *args, np=4, faults=faults, launcher=launcher,
+                  tmp_path=tmp_path, timeout=timeout)
+    results = job.results
+    final_ids = results[min(results)]["ids"]
+    assert sorted(results) == sorted(final_ids), job.output[-4000:]
+    assert len({tuple(r["total"]) for r in results.values()}) == 1, "ranks disagree"
+    for r in results.values():  # no step lost or repeated, joiners started from the live total
+        assert r["total"][0] == r["expected"], (r["total"][0], r["expected"])
+    return job, results, final_ids
+
+
+def check_history(results, final_ids):
+    events = results[final_ids[0]]["events"]
+    for r in results.values():
+        assert [(e["lost"], e["gained"]) for e in r["events"]] == \
+            [(e["lost"], e["gained"]) for e in events]
+    size = 4
+    for e in events:
+        assert e["old_size"] == size
+        size = e["new_size"]
+        assert size == e["old_size"] - len(e["lost"]) + len(e["gained"])
+    assert size == len(final_ids) == 4
+    return events
+
+
+def test_respawn_replaces_a_killed_rank(tmp_path):
+    job, results, ids = grow(tmp_path, "rank=2,step=10")
+    assert job.returncode == 0
+    events = check_history(results, ids)
+    assert [(e["lost"], e["gained"]) for e in events] == [([2], []), ([], [4])]
+    assert ids == [0, 1, 3, 4]  # survivors keep their order, the joiner comes last
+    assert results[4]["joined_at"] > 10
+    assert results[0]["sizes"][-1] == 4 and 3 in results[0]["sizes"]
+
+
+def test_joiner_killed_after_joining_and_two_lost_at_once(tmp_path):
+    # Ranks 1 and 2 die together; replacements join one by one (ids 4, 5);
+    # then replacement 4 dies and id 6 replaces it.
+    job, results, ids = grow(tmp_path, "rank=1,step=10;rank=2,step=10;rank=4,step=60")
+    events = check_history(results, ids)
+    assert [(e["lost"], e["gained"]) for e in events] == \
+        [([1, 2], []), ([], [4]), ([], [5]), ([4], []), ([], [6])]
+    assert ids == [0, 3, 5, 6]
+
+
+def test_rank_dies_during_the_spawn_itself(tmp_path):
+    # Rank 1 dies in the middle of the first respawn (between spawn and merge).
+    job, results, ids = grow(tmp_path, "rank=2,step=10;rank=1,spawn=1,delay=0.05")
+    events = check_history(results, ids)
+    assert sorted(i for e in events for i in e["lost"]) == [1, 2]
+    assert len([e for e in events if e["gained"]]) == 2
+    assert job.returncode == 0  # the survivors completed: elastic-hvd-run says so
+
+
+def test_joiner_dies_before_joining(tmp_path):
+    job, results, ids = grow(tmp_path, "rank=2,step=10", "--die-before-join")
+    events = check_history(results, ids)
+    # The first replacement died while starting: the join was abandoned and retried.
+    assert [(e["lost"], e["gained"]) for e in events] == [([2], []), ([], [4])]
+    assert (tmp_path / "out" / "died").exists()  # the first joiner did die
+    assert job.returncode == 0
