@@ -66,8 +66,9 @@ class ElasticCheckpoint(tf.keras.callbacks.Callback):
         self.saves += 1
 
     def restore(self, model):
-        """Load the last checkpoint into ``model``; returns the epoch to resume at (0: none)."""
-        if not os.path.exists(self.meta_path):
+        """Load the last checkpoint into ``model``; returns the epoch to resume at (0: none).
+        A process joining a running job loads nothing: it receives the live state."""
+        if not os.path.exists(self.meta_path) or runtime.current("restore").joining:
             return 0
         with open(self.meta_path) as f:
             meta = json.load(f)

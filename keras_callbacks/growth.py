@@ -85,7 +85,7 @@ class ElasticGrowth(tf.keras.callbacks.Callback):
         """In a joining process, before training: join the job, take over the live
         state; returns the epoch to train from."""
         comm = runtime.current("ElasticGrowth.join")
-        self.model = model
+        self.set_model(model)
         started = time.perf_counter()
         event = self.policy.step(comm)  # a joiner's step joins (see GrowthPolicy.step)
         state = comm.broadcast_object(None)

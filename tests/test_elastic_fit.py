@@ -117,3 +117,43 @@ def test_below_min_np_checkpoints_exits_and_resumes(tmp_path):
     # Epoch 2 was trained by both jobs together: still exactly once.
     for epoch, ids in per_epoch.items():
         assert sorted(ids) == list(range(SAMPLES)), f"epoch {epoch}: not exactly once"
+
+
+GROW = {"TEST_STEP_SLEEP": "0.4"}  # slow steps: joiners (TF import, model) arrive mid-fit
+
+
+def check_grown(job, out, expected_ids, lost):
+    results = job.results
+    assert sorted(results) == expected_ids, job.output[-4000:]
+    assert all(r["ids"] == expected_ids for r in results.values())
+    assert len({r["digest"] for r in results.values()}) == 1, "weights differ after the join"
+    events = read_lines(out / "events.jsonl")
+    assert sorted(r for e in events for r in e["lost"]) == lost
+    assert events[-1]["new_size"] == 4 and events[-1]["gained"]
+    for event in events:  # linear LR rule, both ways
+        ratio = event["new_size"] / event["old_size"]
+        assert event["lr_after"] == pytest.approx(event["lr_before"] * ratio, rel=1e-5)
+    assert results[0]["lr"] == pytest.approx(0.02 * 4, rel=1e-5)
+    for epoch, ids in trained_ids(out, events).items():
+        assert sorted(ids) == list(range(SAMPLES)), f"epoch {epoch}: not exactly once"
+    return events
+
+
+def test_respawn_replaces_a_killed_rank_inside_fit(tmp_path, baseline):
+    job = fit(tmp_path, faults="rank=2,step=5", launcher=["--respawn"], env=GROW)
+    assert job.returncode == 0
+    events = check_grown(job, tmp_path / "out", [0, 1, 3, 4], [2])
+    assert [(e["lost"], e["gained"]) for e in events] == [([2], []), ([], [4])]
+    assert abs(job.results[0]["loss"] - baseline) <= LOSS_TOLERANCE * baseline
+
+
+def test_grow_from_two_to_four_mid_fit(tmp_path):
+    script = tmp_path / "discover.sh"
+    script.write_text("#!/bin/sh\necho localhost:4\n")
+    script.chmod(0o755)
+    job = run_job("elastic_fit.py", 4, np=2, tmp_path=tmp_path, timeout=300,
+                  launcher=["--max-np", "4", "--host-discovery-script", str(script),
+                            "--discovery-interval", "1"],
+                  env={**GROW, "ELASTIC_HVD_DISCOVERY_CHECK_EVERY": "1"})
+    events = check_grown(job, tmp_path / "out", [0, 1, 2, 3], [])
+    assert [(e["old_size"], e["new_size"]) for e in events] == [(2, 3), (3, 4)]

@@ -346,7 +346,8 @@ class GrowthPolicy:
         max_np = environ.get("ELASTIC_HVD_MAX_NP")
         return cls(respawn=environ.get("ELASTIC_HVD_RESPAWN") == "1",
                    max_np=int(max_np) if max_np else None, discover=discover,
-                   interval=float(environ.get("ELASTIC_HVD_DISCOVERY_INTERVAL", 5.0)))
+                   interval=float(environ.get("ELASTIC_HVD_DISCOVERY_INTERVAL", 5.0)),
+                   check_every=int(environ.get("ELASTIC_HVD_DISCOVERY_CHECK_EVERY", 10)))
 
     def __bool__(self):
         return bool(self.respawn or (self.max_np and self.discover))

@@ -69,6 +69,7 @@ def init(comm=None, *, min_np=None, mismatch_timeout=None, stall_timeout=None):
 
 #: Seconds MPI_Finalize may take before the process exits without it.
 FINALIZE_DEADLINE = float(os.environ.get("ELASTIC_HVD_FINALIZE_DEADLINE", 15.0))
+GROWN_FINALIZE_DEADLINE = 3.0
 
 
 def _at_exit(MPI, heartbeat):
@@ -94,11 +95,15 @@ def _at_exit(MPI, heartbeat):
     if MPI.Is_finalized():
         return
     done = threading.Event()
+    # After a join, ranks of different mpirun jobs (the joiners are spawned jobs)
+    # often hang in MPI_Finalize; MPI_Comm_disconnect first hung too.  Don't wait long.
+    grown = _current is not None and any(e.gained for e in _current.events)
+    limit = min(FINALIZE_DEADLINE, GROWN_FINALIZE_DEADLINE) if grown else FINALIZE_DEADLINE
 
     def deadline():
-        if not done.wait(FINALIZE_DEADLINE):
-            print(f"elastic_hvd: MPI_Finalize did not return within {FINALIZE_DEADLINE:.0f}s "
-                  "(an Open MPI race after a rank loss); exiting without it",
+        if not done.wait(limit):
+            print(f"elastic_hvd: MPI_Finalize did not return within {limit:.0f}s "
+                  "(an Open MPI race after a rank loss or a join); exiting without it",
                   file=sys.stderr, flush=True)
             os._exit(1 if hasattr(sys, "last_value") else 0)
 

@@ -3,12 +3,15 @@
     python elastic_fit.py <epochs> [restart]
 
 Each rank logs the sample ids of every batch it draws (TEST_OUT_DIR/ids<orig>.jsonl).
+With ``elastic-hvd-run --respawn`` / ``--max-np`` the job grows back (ElasticGrowth);
+TEST_STEP_SLEEP slows every step down so that joiners arrive while it trains.
 """
 
 import json
 import os
 import signal
 import sys
+import time
 
 import numpy as np
 
@@ -38,20 +41,22 @@ class CrashingCheckpoint(kc.ElasticCheckpoint):
         super().save(resume_epoch, sampler_state)
 
 
+class SlowSteps(tf.keras.callbacks.Callback):
+    def on_train_batch_end(self, batch, logs=None):
+        time.sleep(float(os.environ.get("TEST_STEP_SLEEP", 0)))
+
+
 def main(epochs):
     hvd.init()
     comm = runtime.current()
-    me = comm.original_id
     rng = np.random.default_rng(0)
     x = rng.normal(size=(N, 8)).astype(np.float32)
     y = (x @ rng.normal(size=(8, 1))).astype(np.float32)
     sampler = ElasticSampler(comm, N, BATCH, seed=1)
-    ids_log = open(os.path.join(OUT, f"ids{me}.jsonl"), "a")
-
-    def load(ids, weights):
-        ids_log.write(json.dumps({"epoch": sampler.epoch, "step": sampler.step,
-                                  "ids": ids[weights > 0].tolist()}) + "\n")
-        ids_log.flush()
+    def load(ids, weights):  # a joiner learns its original id when it joins: open late
+        with open(os.path.join(OUT, f"ids{comm.original_id}.jsonl"), "a") as ids_log:
+            ids_log.write(json.dumps({"epoch": sampler.epoch, "step": sampler.step,
+                                      "ids": ids[weights > 0].tolist()}) + "\n")
         return x[ids], y[ids], weights
 
     dataset = elastic_dataset(sampler, load, (
@@ -69,9 +74,10 @@ def main(epochs):
     with checkpoint.final_on_failure():
         kc.fit_elastic(model, dataset, epochs, initial_epoch=initial_epoch, verbose=0, callbacks=[
             hvd.callbacks.BroadcastGlobalVariablesCallback(0), kc.FaultInjection(), rescaler,
-            log, checkpoint, hvd.callbacks.MetricAverageCallback(), kc.RankZeroProgbar()])
+            log, checkpoint, hvd.callbacks.MetricAverageCallback(), kc.RankZeroProgbar(),
+            kc.ElasticGrowth(sampler), SlowSteps()])
     loss = float(np.mean((model.predict(x, verbose=0) - y) ** 2))
-    report.write(me, ids=list(comm.ids), events=log.records,
+    report.write(comm.original_id, ids=list(comm.ids), events=log.records,
                  lr=float(model.optimizer.learning_rate.numpy()), loss=loss,
                  initial_epoch=initial_epoch, requeued=sampler.requeued,
                  digest=str(hash(tuple(np.concatenate([w.ravel() for w in model.get_weights()])
