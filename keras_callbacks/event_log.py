@@ -54,6 +54,7 @@ class MembershipEventLog(MembershipCallback):
                   "old_size": event.old_size, "new_size": event.new_size,
                   "detect_ms": round(event.detect_s * 1e3, 3),
                   "repair_ms": round(event.repair_s * 1e3, 3), "during": event.during,
+                  "spawn_ms": round(event.spawn_s * 1e3, 3),
                   "lr_before": lr_before, "lr_after": lr_after}
         self.records.append(record)
         if self.comm.rank != 0:

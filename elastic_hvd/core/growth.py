@@ -57,9 +57,10 @@ class JoinOrderError(ElasticHvdError):
 class _Join:
     """A spawn whose joiners have not been adopted yet (parents' side)."""
 
-    def __init__(self, merged, barrier, count, events):
+    def __init__(self, merged, barrier, count, events, started):
         self.merged, self.barrier, self.count, self.events = merged, barrier, count, events
-        self.started = time.perf_counter()
+        self.started = started
+        self.spawn_s = time.perf_counter() - started
 
 
 class _Parent:
@@ -181,7 +182,7 @@ class GrowthMixin:
         if inter is not None:
             inter.Free()
         if agreed == 1:
-            self._join = _Join(merged, merged.Ibarrier(), count, len(self.events))
+            self._join = _Join(merged, merged.Ibarrier(), count, len(self.events), started)
             return True
         if merged is not None:
             self._revoke(merged)  # the joiners waiting on it give up
@@ -220,7 +221,7 @@ class GrowthMixin:
             old.Free()
         except MPI.Exception:
             pass
-        return self._exchange_bookkeeping(len(old_ids), join.started)
+        return self._exchange_bookkeeping(len(old_ids), join.started, join.spawn_s)
 
     def abandon_join(self):
         """Give up the pending join (local; its joiners exit)."""
@@ -253,13 +254,13 @@ class GrowthMixin:
             self._comm.Ibarrier().Wait()  # a blocking Barrier would not match theirs
         except self.MPI.Exception as exc:
             _give_up(f"the running job no longer waits for it ({exc.Get_error_string()})")
-        event = self._exchange_bookkeeping(None, time.perf_counter())
+        event = self._exchange_bookkeeping(None, time.perf_counter(), 0.0)
         self.joining = False
         faults.configure(self.original_id)  # ELASTIC_HVD_FAULTS may name the new id
         return event
 
     # -- both -------------------------------------------------------------------------
-    def _exchange_bookkeeping(self, old_size, started):
+    def _exchange_bookkeeping(self, old_size, started, spawn_s):
         """Every member of the merged communicator ends with the same ids, hosts,
         history and call predictions; returns the one growth event."""
         label, self.label = self.label, JOIN_LABEL
@@ -272,7 +273,7 @@ class GrowthMixin:
                     book = {"ids": self._ids, "old": sorted(self._old_ids),
                             "procs": self._procs, "events": self.events,
                             "initial_size": self.initial_size, "next_id": self._next_id,
-                            "old_size": old_size, "min_np": self.min_np,
+                            "old_size": old_size, "min_np": self.min_np, "spawn_s": spawn_s,
                             "predictor": self._predictor.state()}
                 return comm.bcast(book, root=root)
 
@@ -294,7 +295,7 @@ class GrowthMixin:
             lost=tuple(i for i in old if i not in self._ids),
             gained=tuple(i for i in self._ids if i not in old),
             repair_s=time.perf_counter() - started, sequence=len(self.events) + 1,
-            during=JOIN_LABEL)
+            during=JOIN_LABEL, spawn_s=book["spawn_s"])
         self.events.append(event)
         self._old_ids = set()
         self._notify(event)

@@ -13,7 +13,9 @@ class MembershipEvent:
     ran before its failure was agreed on; ``repair_s`` is revoke + shrink.  ``during``
     is the label the caller gave the interrupted collective (``ResilientComm.label``),
     e.g. ``"HorovodGradients"``: data sharding uses it to know whether the dead rank's
-    gradients of the current step were lost.
+    gradients of the current step were lost.  For a join (``gained``), ``spawn_s`` is
+    how long the running ranks waited in the spawn and ``repair_s`` the time from the
+    spawn to the adoption (the joiners' start-up, during which training went on).
     """
     old_size: int
     new_size: int
@@ -24,6 +26,7 @@ class MembershipEvent:
     wall_time: float = dataclasses.field(default_factory=time.time)
     sequence: int = 0
     during: str = ""
+    spawn_s: float = 0.0
 
     def as_dict(self):
         return dataclasses.asdict(self)

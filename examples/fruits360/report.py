@@ -65,6 +65,14 @@ class EpochReport(tf.keras.callbacks.Callback):
                   flush=True)
 
 
+def describe(event):
+    """'lost rank(s) [2]' / 'gained rank(s) [4]' and how long it took."""
+    if event["gained"]:
+        return f"gained rank(s) {event['gained']}", f"joined {event['repair_ms'] / 1e3:.1f} s after its spawn"
+    return f"lost rank(s) {event['lost']}", \
+        f"recovered in {event['detect_ms'] + event['repair_ms']:.1f} ms"
+
+
 def plot(path, steps, events, started, batch_size):
     """Loss and throughput against wall time, each membership change marked."""
     import matplotlib
@@ -83,13 +91,14 @@ def plot(path, steps, events, started, batch_size):
     ax2.set_xlabel("wall time (s)")
     for event in events:
         x = event["time"] - started
+        color = "tab:blue" if event["gained"] else "tab:red"
         for ax in (ax1, ax2):
-            ax.axvline(x, color="tab:red", ls="--", lw=1)
-        ax1.annotate(f"lost rank {event['lost']}\n{event['old_size']}→{event['new_size']} ranks, "
-                     f"{event['detect_ms'] + event['repair_ms']:.0f} ms",
-                     (x, np.nanmax(loss)), fontsize=8, color="tab:red", va="top",
+            ax.axvline(x, color=color, ls="--", lw=1)
+        what, took = describe(event)
+        ax1.annotate(f"{what}\n{event['old_size']}→{event['new_size']} ranks, {took}",
+                     (x, np.nanmax(loss)), fontsize=8, color=color, va="top",
                      xytext=(4, 0), textcoords="offset points")
-    fig.suptitle("elastic_hvd: Fruits 360 training through rank loss")
+    fig.suptitle("elastic_hvd: Fruits 360 training through membership changes")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -106,10 +115,10 @@ def summary(result_path, report, events, plot_path, events_path):
         "(median over epochs, all ranks)",
     ]
     for e in events:
-        lines.append(f"membership change   : epoch {e['epoch'] + 1} step {e['step']}: lost rank(s) "
-                     f"{e['lost']}, {e['old_size']} -> {e['new_size']} ranks, recovered in "
-                     f"{e['detect_ms'] + e['repair_ms']:.1f} ms, lr {e['lr_before']:.4g} -> "
-                     f"{e['lr_after']:.4g}")
+        what, took = describe(e)
+        lines.append(f"membership change   : epoch {e['epoch'] + 1} step {e['step']}: {what}, "
+                     f"{e['old_size']} -> {e['new_size']} ranks, {took}, lr {e['lr_before']:.4g} "
+                     f"-> {e['lr_after']:.4g}")
     if not events:
         lines.append("membership change   : none")
     lines += [f"event log           : {events_path}", f"plot                : {plot_path}",

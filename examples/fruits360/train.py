@@ -1,6 +1,7 @@
 """Train a Keras Applications model on Fruits 360, data-parallel, through rank loss.
 
     elastic-hvd-run -np 4 python examples/fruits360/train.py --fail rank=2,step=40
+    elastic-hvd-run -np 4 --respawn python examples/fruits360/train.py --fail rank=2,step=40
     mpirun --with-ft ulfm -np 4 python examples/fruits360/train.py --data-dir /data/fruits-360
 
 Without ``--data-dir`` a procedurally drawn stand-in dataset in the Fruits 360
@@ -90,8 +91,8 @@ def main(argv=None):
     if args.fail:
         faults.configure(comm.original_id, ";".join(args.fail))
     root = args.data_dir or DEFAULT_DATA
-    if args.data_dir is None or args.stand_in:
-        if comm.rank == 0:
+    if (args.data_dir is None or args.stand_in) and not comm.joining:
+        if comm.rank == 0:  # (a process joining later finds the data ready)
             stand_in.generate(root, args.standin_train, args.standin_test)
         comm.barrier()
     classes = args.classes
@@ -123,7 +124,8 @@ def main(argv=None):
     epoch_report = report.EpochReport(data.Images(test_paths, args.image_size), test_labels,
                                       len(train_paths))
     callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0), kc.FaultInjection(),
-                 rescaler, log, hvd.callbacks.MetricAverageCallback(), epoch_report, checkpoint]
+                 rescaler, log, hvd.callbacks.MetricAverageCallback(), epoch_report, checkpoint,
+                 kc.ElasticGrowth(sampler)]  # acts under elastic-hvd-run --respawn / --max-np
     if args.progress:
         callbacks.append(kc.RankZeroProgbar())
     with checkpoint.final_on_failure():
