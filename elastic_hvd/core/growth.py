@@ -128,10 +128,15 @@ def program_argv():
     return argv
 
 
+#: Variables of the MPI runtime: they describe the spawning process, not a joiner.
+RUNTIME_PREFIXES = ("PMIX", "PRTE", "OMPI_")
+
+
 def joiner_command():
     """(executable, args) to spawn: the join wrapper around this program, carrying
     this process's environment (spawned processes get mpirun's, not ours)."""
-    env = base64.b64encode(json.dumps(dict(os.environ)).encode()).decode()
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(RUNTIME_PREFIXES)}
+    env = base64.b64encode(json.dumps(environ).encode()).decode()
     return sys.executable, ["-m", "elastic_hvd.runner.join", env, *program_argv()]
 
 
@@ -212,35 +217,62 @@ class GrowthMixin:
             return None
         if ready == 0:
             return None
+        # Commit: a fresh communicator that the joiners also create.  Until it
+        # exists a joiner may still be told to go (a revoked merged communicator).
+        started = time.perf_counter()
+        adopted = None
+        try:
+            adopted = join.merged.Dup()
+            adopted.Set_errhandler(MPI.ERRORS_RETURN)
+        except MPI.Exception:
+            pass
+        agreed = self._agree(self._comm, 1 if adopted is not None else 0)
+        if agreed != 1:
+            if adopted is not None:
+                self._revoke(adopted)
+            self.abandon_join()
+            if agreed is None:
+                self._repair(started)
+            return None
         self._join = None
+        self.abandon_join_comm(join.merged, revoke=False)
         old, old_ids = self._comm, self._ids
         new_ids = list(range(self._next_id, self._next_id + join.count))
-        self._comm, self._ids = join.merged, old_ids + new_ids
-        self._old_ids = set(old_ids)
+        self._comm, self._ids = adopted, old_ids + new_ids
+        self._next_id += join.count
         try:
             old.Free()
         except MPI.Exception:
             pass
-        return self._exchange_bookkeeping(len(old_ids), join.started, join.spawn_s)
+        book = {"ids": self._ids, "old": old_ids, "procs": self._procs, "events": self.events,
+                "initial_size": self.initial_size, "next_id": self._next_id,
+                "min_np": self.min_np, "predictor": self._predictor.state()}
+        try:  # a plain broadcast: a joiner must never wait in an agreement for ranks
+            adopted.bcast(book, root=0)  # that might still send it away (see join())
+        except MPI.Exception:
+            pass  # whoever died is repaired in the next (resilient) exchange
+        return self._welcome(old_ids, join.started, join.spawn_s)
 
     def abandon_join(self):
         """Give up the pending join (local; its joiners exit)."""
         join, self._join = self._join, None
         if join is not None:
-            self._revoke(join.merged)
-            try:
-                join.merged.Free()
-            except self.MPI.Exception:
-                pass
+            self.abandon_join_comm(join.merged)
+
+    def abandon_join_comm(self, comm, revoke=True):
+        if revoke:
+            self._revoke(comm)
+        try:
+            comm.Free()
+        except self.MPI.Exception:
+            pass
 
     # -- new ranks ------------------------------------------------------------------
     def _init_joiner(self, parent):
         """State of a joiner before it joins: placeholder ids (old ranks first)."""
         merged = parent.merged
         self._comm = merged
-        self._ids = [-1 - r for r in range(parent.parents)] + \
-            [-1_000_000 - r for r in range(merged.size - parent.parents)]
-        self._old_ids = set(self._ids[:parent.parents])
+        self._ids = [-1 - r for r in range(merged.size)]
         self.original_id = self._ids[merged.rank]
         self.joining = True
 
@@ -250,54 +282,50 @@ class GrowthMixin:
         training ended first), the process exits quietly: nobody needs it."""
         if not self.joining:
             raise ElasticHvdError("join(): this process is not joining a running job")
+        MPI = self.MPI
+        started = time.perf_counter()
+        merged = self._comm
         try:
-            self._comm.Ibarrier().Wait()  # a blocking Barrier would not match theirs
-        except self.MPI.Exception as exc:
+            merged.Ibarrier().Wait()  # "ready"; a blocking Barrier would not match theirs
+            adopted = merged.Dup()    # "adopted": the ranks committed to this join
+            adopted.Set_errhandler(MPI.ERRORS_RETURN)
+            book = adopted.bcast(None, root=0)
+        except MPI.Exception as exc:
             _give_up(f"the running job no longer waits for it ({exc.Get_error_string()})")
-        event = self._exchange_bookkeeping(None, time.perf_counter(), 0.0)
+        self.abandon_join_comm(merged, revoke=False)
+        self._comm = adopted
+        self._ids = list(book["ids"])
+        self._procs.update(book["procs"])
+        self.events = list(book["events"])
+        self.initial_size, self.min_np = book["initial_size"], book["min_np"]
+        self._next_id = book["next_id"]
+        self._predictor.load_state(book["predictor"])
+        self.original_id = self._ids[self.rank]
+        event = self._welcome(book["old"], started, 0.0)
         self.joining = False
         faults.configure(self.original_id)  # ELASTIC_HVD_FAULTS may name the new id
         return event
 
     # -- both -------------------------------------------------------------------------
-    def _exchange_bookkeeping(self, old_size, started, spawn_s):
-        """Every member of the merged communicator ends with the same ids, hosts,
-        history and call predictions; returns the one growth event."""
+    def _welcome(self, old_ids, started, spawn_s):
+        """Last step of a join, on old and new ranks: exchange hosts and pids (a
+        resilient collective: a failure from here on is repaired like any other) and
+        agree on the one growth event."""
         label, self.label = self.label, JOIN_LABEL
         self._quiet = True  # repairs inside the join fold into its one event
         try:
-            def hand_over(comm):
-                root = next(r for r, i in enumerate(self._ids) if i in self._old_ids)
-                book = None
-                if comm.rank == root:
-                    book = {"ids": self._ids, "old": sorted(self._old_ids),
-                            "procs": self._procs, "events": self.events,
-                            "initial_size": self.initial_size, "next_id": self._next_id,
-                            "old_size": old_size, "min_np": self.min_np, "spawn_s": spawn_s,
-                            "predictor": self._predictor.state()}
-                return comm.bcast(book, root=root)
-
-            book = self.run(None, hand_over)
-            self._ids, self._old_ids = list(book["ids"]), set(book["old"])
-            self._procs.update(book["procs"])
-            self.events = list(book["events"])
-            self.initial_size, self.min_np = book["initial_size"], book["min_np"]
-            self._next_id = max(book["next_id"], max(self._ids) + 1)
-            self._predictor.load_state(book["predictor"])
-            self.original_id = self._ids[self.rank]
-            procs = self.run(None, lambda c: c.allgather((socket.gethostname(), os.getpid())))
-            self._procs.update(zip(self._ids, procs))
+            mine = (socket.gethostname(), os.getpid(), spawn_s)
+            everyone = self.run(None, lambda c: c.allgather(mine))
         finally:
             self._quiet, self.label = False, label
-        old = book["old"]
+        self._procs.update((i, (host, pid)) for i, (host, pid, _) in zip(self._ids, everyone))
         event = MembershipEvent(
-            old_size=book["old_size"], new_size=self.size,
-            lost=tuple(i for i in old if i not in self._ids),
-            gained=tuple(i for i in self._ids if i not in old),
+            old_size=len(old_ids), new_size=self.size,
+            lost=tuple(i for i in old_ids if i not in self._ids),
+            gained=tuple(i for i in self._ids if i not in old_ids),
             repair_s=time.perf_counter() - started, sequence=len(self.events) + 1,
-            during=JOIN_LABEL, spawn_s=book["spawn_s"])
+            during=JOIN_LABEL, spawn_s=max(s for *_, s in everyone))
         self.events.append(event)
-        self._old_ids = set()
         self._notify(event)
         if self.size < self.min_np:
             self._below_min = RanksBelowMinimumError(self.size, self.min_np, event.lost)

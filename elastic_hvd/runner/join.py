@@ -15,19 +15,14 @@ import os
 import runpy
 import sys
 
-#: Variables of the MPI runtime, which describe the spawning process, not this one.
-RUNTIME_PREFIXES = ("PMIX", "PRTE", "OMPI_")
-
-
 def main():
     environ = json.loads(base64.b64decode(sys.argv[1]))
     program = sys.argv[2:]
-    for name, value in environ.items():
-        if not name.startswith(RUNTIME_PREFIXES):
-            os.environ.setdefault(name, value)
+    for name, value in environ.items():  # the spawner left out the MPI runtime's own
+        os.environ.setdefault(name, value)
     os.environ["ELASTIC_HVD_PROGRAM"] = json.dumps(program)
 
-    from elastic_hvd.core import growth, mpi_env
+    from elastic_hvd.core import growth, mpi_env  # reads ELASTIC_HVD_* settings: after
     growth.merge_with_parent(mpi_env.load_mpi())
 
     if program[:1] == ["-m"]:
