@@ -5,7 +5,9 @@ Both run this same script, written against Horovod's elastic Keras API
 comparison is like for like.  Every rank appends ``time step size`` after each
 batch to ``<out>/steps<rank>.txt``, where ``step`` is the position in the epoch
 (repeated after Elastic Horovod rolls back to its last commit); the victim writes
-the wall-clock time of its SIGKILL to ``<out>/killed``.
+the wall-clock time of its SIGKILL to ``<out>/killed``.  With ``--grow-at N`` rank 0
+writes the time to ``<out>/grow`` once N steps are done, and the host-discovery
+script of bench/growth_vs_elastic_horovod.py then offers more slots.
 """
 
 import argparse
@@ -27,6 +29,7 @@ def main():
     p.add_argument("--victim", type=int, default=3)
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--commit-every", type=int, default=10)
+    p.add_argument("--grow-at", type=int, default=0, help="steps after which to offer more slots")
     args = p.parse_args()
     if args.impl == "horovod":
         import horovod.tensorflow.keras as hvd
@@ -64,6 +67,10 @@ def main():
 
         def on_train_batch_end(self, batch, logs=None):
             state.batch = self.offset + batch + 1
+            grow = os.path.join(args.out, "grow")
+            if state.batch == args.grow_at and hvd.rank() == 0 and not os.path.exists(grow):
+                with open(grow, "w") as f:
+                    f.write(repr(time.time()))
             log.write(f"{time.time()!r} {state.batch} {hvd.size()}\n")
             log.flush()
 

@@ -6,7 +6,7 @@ Three jobs, each ``--runs`` times, through ``elastic-hvd-run``:
 
 * ``core respawn``: tests/workers/growth_scenarios.py (bare core, 50 ms steps), 4
   ranks, ``--respawn``, rank 2 SIGKILLed at step 10;
-* ``keras respawn``: tests/workers/elastic_fit.py (Keras 3 ``model.fit``, 0.2 s steps),
+* ``keras respawn``: tests/workers/elastic_fit.py (Keras 3 ``model.fit``, 0.4 s steps),
   same kill;
 * ``keras grow 2->4``: the same worker started on 2 ranks with ``--max-np 4`` and a
   discovery script offering 4 slots.
@@ -39,7 +39,7 @@ def job(kind, out):
                "python", os.path.join(WORKERS, "growth_scenarios.py"), "150"]
     elif kind == "keras respawn":
         cmd = [RUN, "-np", "4", "--respawn", "--faults", "rank=2,step=5", *env,
-               "-x", "TEST_STEP_SLEEP=0.2", "python", os.path.join(WORKERS, "elastic_fit.py"), "4"]
+               "-x", "TEST_STEP_SLEEP=0.4", "python", os.path.join(WORKERS, "elastic_fit.py"), "6"]
     else:
         script = os.path.join(out, "discover.sh")
         with open(script, "w") as f:
@@ -47,7 +47,7 @@ def job(kind, out):
         os.chmod(script, 0o755)
         cmd = [RUN, "-np", "2", "--max-np", "4", "--host-discovery-script", script,
                "--discovery-interval", "1", "-x", "ELASTIC_HVD_DISCOVERY_CHECK_EVERY=1", *env,
-               "-x", "TEST_STEP_SLEEP=0.2", "python", os.path.join(WORKERS, "elastic_fit.py"), "5"]
+               "-x", "TEST_STEP_SLEEP=0.4", "python", os.path.join(WORKERS, "elastic_fit.py"), "8"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=WORKERS)
     if proc.returncode != 0:
         raise SystemExit(f"{kind}: exit {proc.returncode}\n{proc.stderr[-3000:]}")

@@ -56,6 +56,11 @@ class ElasticGrowth(tf.keras.callbacks.Callback):
             return
         if not self.policy:
             return
+        if self.sampler.epoch == self.epoch and not self.sampler.queue:
+            # Keras' extra batch at the end of an epoch of unknown length: it finds
+            # no data and ends the epoch; a joiner adopted here would start an empty
+            # epoch (no logs, no epoch-end collectives) out of step with the others.
+            return
         comm = runtime.current("ElasticGrowth")
         event = self.policy.step(comm)
         if event is not None and event.gained:
@@ -97,7 +102,10 @@ class ElasticGrowth(tf.keras.callbacks.Callback):
         set_lr(optimizer, state["lr"])
         optimizer._elastic_lr_factor = state["lr_factor"]
         self.sampler.batch_size = state["sampler"]["batch_size"]
-        self.sampler.load_state(state["sampler"])
+        if state["sampler"]["epoch"] == state["epoch"]:  # mid-epoch: the rest of its queue
+            self.sampler.load_state(state["sampler"])
+        else:  # adopted before the epoch's first batch was drawn: it starts afresh
+            self.sampler.epoch = state["epoch"] - 1
         self.policy.load_state(state["policy"])
         if len(state["callbacks"]) != len(callbacks):
             raise ElasticHvdError("a joining process must train with the same callbacks as "

@@ -157,3 +157,18 @@ def test_grow_from_two_to_four_mid_fit(tmp_path):
                   env={**GROW, "ELASTIC_HVD_DISCOVERY_CHECK_EVERY": "1"})
     events = check_grown(job, tmp_path / "out", [0, 1, 2, 3], [])
     assert [(e["old_size"], e["new_size"]) for e in events] == [(2, 3), (3, 4)]
+
+
+def test_horovod_elastic_api_script_grows_back(tmp_path):
+    # An unchanged-Horovod-style script (hvd.elastic.run + KerasState + commits):
+    # the commit that adopts the replacement restarts the training function from the
+    # committed (= current) state on every rank, as Horovod does after adding hosts.
+    job = run_job("hvd_elastic_grow.py", 60, np=4, faults="rank=2,step=5",
+                  launcher=["--respawn"], env={"TEST_STEP_SLEEP": "0.3"}, tmp_path=tmp_path,
+                  timeout=300)
+    results = job.results
+    assert sorted(results) == [0, 1, 3, 4], job.output[-4000:]
+    assert len({r["digest"] for r in results.values()}) == 1, "weights differ after the join"
+    assert {r["batch"] for r in results.values()} == {60}
+    assert [results[i]["restarts"] for i in (0, 1, 3)] == [1, 1, 1]
+    assert [(e["lost"], e["gained"]) for e in results[0]["events"]] == [([2], []), ([], [4])]

@@ -2,25 +2,62 @@
 
 Elastic Horovod restarts the training function from the last ``commit()`` after
 a failure.  elastic_hvd's collectives survive the failure where it happens, so
-``run`` just calls the function once; the state objects keep Horovod's meaning
-(``commit`` saves a copy in memory, ``restore`` goes back to it, ``sync``
+``run`` does not restart anything for a failure; the state objects keep Horovod's
+meaning (``commit`` saves a copy in memory, ``restore`` goes back to it, ``sync``
 broadcasts from rank 0) for scripts that use them, e.g. to roll back on their
 own terms.
+
+Growing (``elastic-hvd-run --respawn`` / ``--max-np``) follows Horovod's model
+for added hosts: ``commit()`` runs the growth policy; the commit at which new
+processes are adopted raises :class:`HostsUpdatedInterrupt` on the running ranks,
+``run`` calls the reset callbacks, syncs the state (the new processes receive
+it) and calls the training function again -- from the committed state, which is
+the current one, so nothing is redone.  A new process runs the script from the
+top and, in ``run``, joins and receives the state before training.
 """
 
 import copy
 import functools
 
 from ..core import runtime
+from ..core.growth import GrowthPolicy
+
+_policy = None
+
+
+def growth_policy():
+    """This process's growth policy (from elastic-hvd-run's flags)."""
+    global _policy
+    if _policy is None:
+        _policy = GrowthPolicy.from_env()
+    return _policy
+
+
+class HostsUpdatedInterrupt(Exception):
+    """Raised by ``State.commit()`` when new processes joined: ``run`` restarts training."""
 
 
 def run(func):
-    """Decorator for the training function ``func(state, ...)``: calls it once, after a sync."""
+    """Decorator for the training function ``func(state, ...)``: syncs the state and
+    calls it; again after processes joined (see the module doc)."""
     @functools.wraps(func)
     def wrapper(state, *args, **kwargs):
-        state.sync()
-        return func(state, *args, **kwargs)
+        comm = runtime.current("hvd.elastic.run")
+        if comm.joining:
+            growth_policy().step(comm)  # a joining process's first step joins
+        while True:
+            _sync(state, comm)
+            try:
+                return func(state, *args, **kwargs)
+            except HostsUpdatedInterrupt:
+                state.on_reset()
     return wrapper
+
+
+def _sync(state, comm):
+    state.sync()
+    policy = growth_policy()
+    policy.load_state(comm.broadcast_object(policy.state()))
 
 
 class State:
@@ -52,9 +89,16 @@ class State:
 
     def commit(self):
         self.save()
+        self.check_host_updates()
 
     def check_host_updates(self):
-        """Nothing to do: membership changes are handled inside the collectives."""
+        """Failures need nothing here (they are handled inside the collectives); this
+        is where the job grows: see the module doc."""
+        policy = growth_policy()
+        if policy:
+            event = policy.step(runtime.current("state.commit()"))
+            if event is not None and event.gained:
+                raise HostsUpdatedInterrupt(f"rank(s) {list(event.gained)} joined")
 
     def save(self):
         self._saved = copy.deepcopy(self._values)
@@ -111,6 +155,9 @@ class TensorFlowKerasState(TensorFlowState):
 
     def _all_variables(self):
         variables = list(self._model.variables)
+        optimizer = self._optimizer
+        if hasattr(optimizer, "build") and not getattr(optimizer, "built", True):
+            optimizer.build(self._model.trainable_variables)  # a joiner, before its first step
         if self._optimizer is not None:
             opt_vars = self._optimizer.variables
             variables += list(opt_vars() if callable(opt_vars) else opt_vars)
