@@ -31,7 +31,7 @@ def fit_elastic(model, dataset, epochs, initial_epoch=0, callbacks=(), **kwargs)
         if isinstance(callback, ElasticGrowth):
             callback.callbacks = callbacks
             if runtime.current("fit_elastic").joining:
-                initial_epoch = callback.join(model, callbacks)
+                initial_epoch = callback.join(model, callbacks, dataset)
     if runtime.current("fit_elastic").joining:
         raise ElasticHvdError("this process was spawned into a running job, but fit_elastic got "
                               "no ElasticGrowth callback to hand it the live training state")

@@ -18,8 +18,10 @@ calls :meth:`ElasticGrowth.join` before training.  Code before it must not run
 collectives in a joiner (``if not comm.joining: ...``).
 """
 
+import sys
 import time
 
+import numpy as np
 import tensorflow as tf
 
 from elastic_hvd.core import ElasticHvdError, runtime
@@ -86,11 +88,14 @@ class ElasticGrowth(tf.keras.callbacks.Callback):
                           for c in self.callbacks],
         }
 
-    def join(self, model, callbacks):
-        """In a joining process, before training: join the job, take over the live
-        state; returns the epoch to train from."""
+    def join(self, model, callbacks, dataset=None):
+        """In a joining process, before training: rehearse a step on ``dataset``'s
+        structure (compiles the training function, see ``ResilientComm.rehearsal``),
+        join the job, take over the live state; returns the epoch to train from."""
         comm = runtime.current("ElasticGrowth.join")
         self.set_model(model)
+        if dataset is not None:
+            self._rehearse(model, dataset, comm)
         started = time.perf_counter()
         event = self.policy.step(comm)  # a joiner's step joins (see GrowthPolicy.step)
         state = comm.broadcast_object(None)
@@ -120,6 +125,24 @@ class ElasticGrowth(tf.keras.callbacks.Callback):
         self.epoch = state["epoch"]
         self.handovers.append((event, time.perf_counter() - started))
         return state["epoch"]
+
+
+    def _rehearse(self, model, dataset, comm):
+        """One step on zeros shaped like ``dataset``'s batches, alone, to compile."""
+        spec = dataset.element_spec
+
+        def zeros(s):
+            shape = [self.sampler.batch_size if d is None else d for d in s.shape]
+            return np.zeros(shape, s.dtype.as_numpy_dtype)
+
+        batch = tf.nest.map_structure(zeros, spec)
+        rehearsal = tf.data.Dataset.from_generator(lambda: iter([batch]), output_signature=spec)
+        try:
+            with comm.rehearsal():
+                model.fit(rehearsal.with_options(dataset.options()), epochs=1, verbose=0)
+        except Exception as exc:  # only a head start: joining works without it
+            print(f"elastic_hvd: joining without a rehearsal step ({type(exc).__name__}: {exc})",
+                  file=sys.stderr, flush=True)
 
 
 def _assign(variables, values, what):

@@ -25,6 +25,7 @@ layer's business: see ``keras_callbacks.growth``.
 """
 
 import base64
+import contextlib
 import json
 import os
 import socket
@@ -268,6 +269,22 @@ class GrowthMixin:
             pass
 
     # -- new ranks ------------------------------------------------------------------
+    @contextlib.contextmanager
+    def rehearsal(self):
+        """Collectives inside run on this process alone (``COMM_SELF``).
+
+        A joining process runs one throw-away training step in a rehearsal, so
+        that it compiles its training function *before* it joins: otherwise the
+        running ranks would wait inside its first step's gradient allreduce for
+        the whole compilation (measured: 15 s for MobileNetV2 on 2 cores).  What
+        the step computes is overwritten by the live state it receives next.
+        """
+        self._rehearsing = True
+        try:
+            yield
+        finally:
+            self._rehearsing = False
+
     def _init_joiner(self, parent):
         """State of a joiner before it joins: placeholder ids (old ranks first)."""
         merged = parent.merged
