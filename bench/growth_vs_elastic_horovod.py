@@ -11,12 +11,14 @@ start), one slot each, then two each; elastic_hvd: elastic-hvd-run, 2 then 4 slo
 on the same host.  Reported, medians over runs:
 seconds from the offer to the first step at 3 and at 4 ranks; the longest pause of
 rank 0 between two steps after the offer (how long training stood still); steps
-redone (Elastic Horovod rolls back to its last commit).
+redone (Elastic Horovod rolls back to its last commit).  A job still running after
+TIMEOUT seconds is killed and analysed as far as it got.
 """
 
 import argparse
 import glob
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -25,7 +27,7 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(ROOT, "bench", "fit_recovery_worker.py")
 HVD_BIN = os.path.join(ROOT, ".venv-horovod", "bin")
-GROW_AT, STEPS = 20, 140
+GROW_AT, STEPS, TIMEOUT = 20, 100, 420
 
 
 def run(impl, out):
@@ -46,8 +48,14 @@ def run(impl, out):
                "-x", "ELASTIC_HVD_DISCOVERY_CHECK_EVERY=1", "python"]
     cmd += [WORKER, "--impl", impl, "--out", out, "--kill-step", "0", "--grow-at", str(GROW_AT),
             "--steps", str(STEPS)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    return proc.returncode, proc.stdout[-2000:] + proc.stderr[-2000:]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:  # analyse what was logged up to here
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
+    return proc.returncode, output[-3000:]
 
 
 def analyse(out):

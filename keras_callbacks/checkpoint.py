@@ -109,4 +109,4 @@ class ElasticCheckpoint(tf.keras.callbacks.Callback):
                 print(f"elastic_hvd: stopping: {below_min}. Final checkpoint written to "
                       f"{self.directory}; restart the job to resume at epoch {self.epoch + 1}.",
                       file=sys.stderr, flush=True)
-            sys.exit(EXIT_BELOW_MIN_NP)
+            runtime.exit_with(EXIT_BELOW_MIN_NP)

@@ -105,7 +105,8 @@ def _at_exit(MPI, heartbeat):
             print(f"elastic_hvd: MPI_Finalize did not return within {limit:.0f}s "
                   "(an Open MPI race after a rank loss or a join); exiting without it",
                   file=sys.stderr, flush=True)
-            os._exit(1 if hasattr(sys, "last_value") else 0)
+            os._exit(_exit_status if _exit_status is not None else
+                     1 if hasattr(sys, "last_value") else 0)
 
     threading.Thread(target=deadline, daemon=True).start()
     ctypes.CDLL(_libmpi_path(MPI)).MPI_Finalize()
@@ -143,6 +144,17 @@ def _leave_together():
             with open(status, "w") as f:
                 json.dump({"completed": True, "size": _current.size,
                            "lost": [i for e in _current.events for i in e.lost]}, f)
+
+
+_exit_status = None
+
+
+def exit_with(status):
+    """``sys.exit(status)`` that keeps ``status`` even if MPI_Finalize then has to be
+    cut short (see ``_at_exit``): atexit handlers cannot see SystemExit's code."""
+    global _exit_status
+    _exit_status = status
+    sys.exit(status)
 
 
 def is_initialized():
