@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 # tensorflow-cpu by default; GPU users: make TF_EXTRA=gpu ...
 TF_EXTRA ?= cpu
 
-.PHONY: install test test-fast test-tf215 demo bench bench-core bench-horovod clean
+.PHONY: install test test-fast test-tf215 demo bench bench-core bench-horovod bench-growth clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -44,8 +44,14 @@ bench-core: install
 bench-horovod: install
 	test -x .venv-horovod/bin/horovodrun || bash bench/build_horovod.sh
 	$(PY) bench/vs_horovod.py
+	$(PY) bench/recovery_vs_elastic_horovod.py --runs 3
+	$(PY) bench/growth_vs_elastic_horovod.py --runs 3
 
-bench: bench-core
+# Replacing a killed rank / adding ranks (issue 6).
+bench-growth: install
+	$(PY) bench/growth_bench.py --runs 3
+
+bench: bench-core bench-growth
 
 clean:
 	rm -rf $(VENV) .venv-tf215 .pytest_cache build *.egg-info

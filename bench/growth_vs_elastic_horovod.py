@@ -27,7 +27,7 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(ROOT, "bench", "fit_recovery_worker.py")
 HVD_BIN = os.path.join(ROOT, ".venv-horovod", "bin")
-GROW_AT, STEPS, TIMEOUT = 20, 100, 420
+GROW_AT, STEPS, TIMEOUT = 20, 220, 540
 
 
 def run(impl, out):

@@ -48,8 +48,9 @@ class ResilientComm(CollectivesMixin, GrowthMixin):
 
     ``ids`` maps each current rank to its *original id* (its rank when the
     communicator was created; processes that join later get the next free ids),
-    which stays stable across repairs.  ``parent`` is given in a process spawned
-    into a running job (see :mod:`.growth`): it then starts as a *joiner*.
+    which stays stable across repairs.  ``parent``, the communicator merged with the
+    spawning ranks, is given in a process spawned into a running job (see
+    :mod:`.growth`): it then starts as a *joiner*.
     """
 
     def __init__(self, MPI, comm, *, min_np=1, mismatch_timeout=5.0, elastic=True,

@@ -34,6 +34,8 @@ import sys
 import threading
 import time
 
+import numpy as np
+
 from . import faults
 from .errors import ElasticHvdError, RanksBelowMinimumError
 from .membership import MembershipEvent
@@ -64,22 +66,15 @@ class _Join:
         self.spawn_s = time.perf_counter() - started
 
 
-class _Parent:
-    """What a joiner knows right after its merge: the merged communicator."""
-
-    def __init__(self, merged, parents):
-        self.merged, self.parents = merged, parents
-
-
-_parent = None
+_merged = None
 
 
 def merge_with_parent(MPI):
-    """Joiner side, once: merge with the ranks that spawned this process (None if
-    nobody did).  Called as early as possible: the parents wait for it."""
-    global _parent
-    if _parent is not None:
-        return _parent
+    """Joiner side, once: the communicator merged with the ranks that spawned this
+    process (None if nobody did).  Called as early as possible: they wait for it."""
+    global _merged
+    if _merged is not None:
+        return _merged
     intercomm = MPI.Comm.Get_parent()
     if intercomm == MPI.COMM_NULL:
         return None
@@ -98,10 +93,9 @@ def merge_with_parent(MPI):
         _connect_all(merged)
     except MPI.Exception as exc:
         _give_up(f"could not reach the running job ({exc.Get_error_string()})")
-    parents = intercomm.Get_remote_size()
     intercomm.Free()
-    _parent = _Parent(merged, parents)
-    return _parent
+    _merged = merged
+    return merged
 
 
 def _connect_all(merged):
@@ -109,7 +103,6 @@ def _connect_all(merged):
     they are all alive.  Open MPI connects lazily, and its first contact with a
     process of another job that has died since blocks for ever (in PMIx_Get of
     the peer's address), freezing the progress engine of the whole rank."""
-    import numpy as np
     merged.Alltoall(np.zeros(merged.size, dtype=np.int8), np.empty(merged.size, dtype=np.int8))
 
 
@@ -285,9 +278,8 @@ class GrowthMixin:
         finally:
             self._rehearsing = False
 
-    def _init_joiner(self, parent):
-        """State of a joiner before it joins: placeholder ids (old ranks first)."""
-        merged = parent.merged
+    def _init_joiner(self, merged):
+        """State of a joiner before it joins: placeholder ids."""
         self._comm = merged
         self._ids = [-1 - r for r in range(merged.size)]
         self.original_id = self._ids[merged.rank]

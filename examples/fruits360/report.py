@@ -28,6 +28,7 @@ class EpochReport(tf.keras.callbacks.Callback):
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch_start = time.time()
+        self._first_step = len(self.steps)
         self._last = time.time()
         if epoch == 0 and self.comm.rank == 0:
             print(f"{'epoch':>5} {'ranks':>5} {'loss':>8} {'train acc':>9} {'test acc':>8} "
@@ -57,6 +58,8 @@ class EpochReport(tf.keras.callbacks.Callback):
         row = {"epoch": epoch + 1, "ranks": self.comm.size, "loss": float(logs.get("loss", np.nan)),
                "train_acc": float(logs.get("accuracy", np.nan)), "test_acc": self.test_accuracy(),
                "img_per_s": self.samples_per_epoch / seconds, "seconds": seconds,
+               "longest_step_s": max((s["step_s"] for s in self.steps[self._first_step:]),
+                                     default=0.0),
                "t": time.time() - self.started}
         self.epochs.append(row)
         if self.comm.rank == 0:
