@@ -212,6 +212,13 @@ class ResilientComm(CollectivesMixin, GrowthMixin):
                 return None
             raise
 
+    def _free(self, comm):
+        """Free a communicator we are done with; one with dead members may refuse."""
+        try:
+            comm.Free()
+        except self.MPI.Exception:
+            pass
+
     def _revoke(self, comm):
         try:
             if not comm.Is_revoked():
@@ -231,10 +238,7 @@ class ResilientComm(CollectivesMixin, GrowthMixin):
         positions = new.Get_group().Translate_ranks(list(range(new.size)), old.Get_group())
         self._comm, self._ids = new, [old_ids[p] for p in positions]
         repaired = time.perf_counter()
-        try:
-            old.Free()
-        except MPI.Exception:
-            pass
+        self._free(old)
         lost = tuple(sorted(set(old_ids) - set(self._ids)))
         if not lost:
             return

@@ -229,15 +229,12 @@ class GrowthMixin:
                 self._repair(started)
             return None
         self._join = None
-        self.abandon_join_comm(join.merged, revoke=False)
+        self._free(join.merged)
         old, old_ids = self._comm, self._ids
         new_ids = list(range(self._next_id, self._next_id + join.count))
         self._comm, self._ids = adopted, old_ids + new_ids
         self._next_id += join.count
-        try:
-            old.Free()
-        except MPI.Exception:
-            pass
+        self._free(old)
         book = {"ids": self._ids, "old": old_ids, "procs": self._procs, "events": self.events,
                 "initial_size": self.initial_size, "next_id": self._next_id,
                 "min_np": self.min_np, "predictor": self._predictor.state()}
@@ -251,15 +248,8 @@ class GrowthMixin:
         """Give up the pending join (local; its joiners exit)."""
         join, self._join = self._join, None
         if join is not None:
-            self.abandon_join_comm(join.merged)
-
-    def abandon_join_comm(self, comm, revoke=True):
-        if revoke:
-            self._revoke(comm)
-        try:
-            comm.Free()
-        except self.MPI.Exception:
-            pass
+            self._revoke(join.merged)
+            self._free(join.merged)
 
     # -- new ranks ------------------------------------------------------------------
     @contextlib.contextmanager
@@ -301,7 +291,7 @@ class GrowthMixin:
             book = adopted.bcast(None, root=0)
         except MPI.Exception as exc:
             _give_up(f"the running job no longer waits for it ({exc.Get_error_string()})")
-        self.abandon_join_comm(merged, revoke=False)
+        self._free(merged)
         self._comm = adopted
         self._ids = list(book["ids"])
         self._procs.update(book["procs"])
