@@ -7,6 +7,7 @@ inside the attempt from the *current* communicator, and data-movement
 collectives travel as bytes so that every dtype (float16, bool...) is supported.
 """
 
+import os
 import pickle
 
 import numpy as np
@@ -42,19 +43,45 @@ def _reduce_input(x, prescale_factor):
     return send
 
 
-def _finish_reduce(out, dtype, divisor, postscale_factor):
+def _finish_reduce(out, dtype, divisor, postscale_factor, scaled=False):
     """Average (divide by the live size) and postscale, then cast back to ``dtype``.
 
-    Integer results are floored, as integer division does.
+    Integer results are floored, as integer division does.  ``scaled``: a float
+    result was already scaled piece by piece (see :func:`_allreduce_pieces`).
     """
     if out.dtype.kind in "iu":
         if postscale_factor != 1.0:
             out = np.floor(out * postscale_factor).astype(out.dtype)
         if divisor != 1:
             out //= divisor
-    elif postscale_factor / divisor != 1.0:
+    elif not scaled and postscale_factor / divisor != 1.0:
         out *= out.dtype.type(postscale_factor / divisor)
     return out.astype(dtype, copy=False)
+
+
+#: Large allreduces go through MPI in pieces of this many bytes (env
+#: ``ELASTIC_HVD_ALLREDUCE_PIECE_BYTES``; 0 = one call).  Measured with Open MPI 5
+#: on 2 cores, 64 MiB float32 on 2 ranks: one call 31 ms, 1 MiB pieces 9.6 ms.  A
+#: whole-buffer call has Open MPI allocate a temporary above glibc's mmap threshold
+#: (page faults on every call) and stream it through memory twice; 1 MiB pieces
+#: stay in cache and reuse one temporary.
+ALLREDUCE_PIECE_BYTES = int(os.environ.get("ELASTIC_HVD_ALLREDUCE_PIECE_BYTES", 1 << 20))
+
+
+def _allreduce_pieces(comm, send, target, mpi_op, scale):
+    """``target`` = reduction of ``send`` over ``comm``, one piece at a time.
+
+    ``scale`` (a float, or None for integers) multiplies each reduced piece while
+    it is still in cache, which saves a second pass over a large result.
+    """
+    send, target = send.reshape(-1), target.reshape(-1)
+    step = max(1, ALLREDUCE_PIECE_BYTES // send.itemsize) if ALLREDUCE_PIECE_BYTES > 0 \
+        else max(1, send.size)
+    for start in range(0, send.size, step):
+        piece = target[start:start + step]
+        comm.Allreduce(send[start:start + step], piece, op=mpi_op)
+        if scale is not None:
+            piece *= scale
 
 
 def even_splits(rows, parts):
@@ -81,8 +108,9 @@ class CollectivesMixin:
         allocation per call.  Integer averages are floored.
         """
         x = _contiguous(array)
+        # The piece size is part of the call: ranks cutting differently would mismatch.
         signature = ("allreduce", x.dtype.str, x.shape, int(op),
-                     float(prescale_factor), float(postscale_factor))
+                     float(prescale_factor), float(postscale_factor), ALLREDUCE_PIECE_BYTES)
 
         def attempt(comm):  # validation happens here, once ranks agree on the call
             mpi_op = self._mpi_op(check_op(op))
@@ -91,12 +119,15 @@ class CollectivesMixin:
                 raise ValueError(f"out has shape {out.shape} and dtype {out.dtype}; "
                                  f"expected {x.shape} and {x.dtype}")
             target = out if out is not None and send.dtype == out.dtype else np.empty_like(send)
-            comm.Allreduce(send, target, op=mpi_op)
+            divisor = comm.size if op == ReduceOp.AVERAGE else 1
+            scale = None if target.dtype.kind in "iu" or postscale_factor / divisor == 1.0 \
+                else target.dtype.type(postscale_factor / divisor)
+            _allreduce_pieces(comm, send, target, mpi_op, scale)
             return target, comm.size
 
         result, size = self.run(signature, attempt)
         result = _finish_reduce(result, x.dtype, size if op == ReduceOp.AVERAGE else 1,
-                                postscale_factor)
+                                postscale_factor, scaled=True)
         if out is not None and result is not out:
             out[...] = result
             return out
