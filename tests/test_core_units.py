@@ -16,10 +16,32 @@ def test_fault_plan_parses_and_rejects():
     [a, b] = faults.parse("rank=1,coll=12,signal=KILL,delay=0.01; rank=3,step=40,signal=SIGSTOP")
     assert (a.rank, a.coll, a.signal, a.delay) == (1, 12, "KILL", 0.01)
     assert (b.rank, b.step, b.signal) == (3, 40, "STOP")
+    [c] = faults.parse("joiner=2,signal=HANG")
+    assert (c.rank, c.joiner, c.signal) == (None, 2, "HANG")
     for bad in ("rank=1", "rank=1,coll=2,step=3", "rank=1,coll=2,signal=NOPE",
-                "rank=1,coll=2,when=3", "rank=1,coll=2,phase=during"):
+                "rank=1,coll=2,when=3", "rank=1,coll=2,phase=during", "coll=2",
+                "joiner=1,rank=0", "joiner=1,signal=NOPE", "rank=1,coll=2,signal=HANG"):
         with pytest.raises(ValueError):
             faults.parse(bad)
+
+
+def test_joiner_fault_goes_to_the_process_of_its_spawn(monkeypatch):
+    faults.configure(0, "joiner=2,signal=USR1")
+    try:
+        assert faults.for_joiner(1) == {}
+        env = faults.for_joiner(2)
+        assert env == {faults.JOINER_ENV: "USR1"}
+    finally:
+        faults.configure(0, "")
+    received = []
+    old = signal.signal(signal.SIGUSR1, lambda *a: received.append(a[0]))
+    try:
+        monkeypatch.setenv(faults.JOINER_ENV, "USR1")
+        faults.at_joiner_start()  # in the spawned process, before MPI_Init
+        faults.at_joiner_start()  # once only
+    finally:
+        signal.signal(signal.SIGUSR1, old)
+    assert received == [signal.SIGUSR1]
 
 
 def test_fault_plan_fires_only_on_its_rank_and_moment():

@@ -16,9 +16,9 @@ pytestmark = pytest.mark.multirank
 STEPS = 120
 
 
-def grow(tmp_path, faults, *args, launcher=("--respawn",), timeout=180):
+def grow(tmp_path, faults, *args, launcher=("--respawn",), timeout=180, env=None):
     job = run_job("growth_scenarios.py", STEPS, *args, np=4, faults=faults, launcher=launcher,
-                  tmp_path=tmp_path, timeout=timeout)
+                  tmp_path=tmp_path, timeout=timeout, env=env)
     results = job.results
     final_ids = results[min(results)]["ids"]
     assert sorted(results) == sorted(final_ids), job.output[-4000:]
@@ -77,4 +77,19 @@ def test_joiner_dies_before_joining(tmp_path):
     # The first replacement died while starting: the join was abandoned and retried.
     assert [(e["lost"], e["gained"]) for e in events] == [([2], []), ([], [4])]
     assert (tmp_path / "out" / "died").exists()  # the first joiner did die
+    assert job.returncode == 0
+
+
+@pytest.mark.parametrize("signal", ["HANG", "KILL"])
+def test_spawn_that_never_completes_is_given_up(tmp_path, signal):
+    # The first replacement hangs in start-up (HANG, as one stuck in MPI_Init) or dies
+    # before MPI_Init (KILL): either way MPI_Comm_spawn never returns in the spawning
+    # root.  After ELASTIC_HVD_SPAWN_TIMEOUT the ranks give that spawn up, train on,
+    # and the next spawn brings the job back to 4 ranks.
+    job, results, ids = grow(tmp_path, f"rank=2,step=10;joiner=1,signal={signal}",
+                             env={"ELASTIC_HVD_SPAWN_TIMEOUT": "5"})
+    events = check_history(results, ids)
+    assert [(e["lost"], e["gained"]) for e in events] == [([2], []), ([], [4])]
+    assert ids == [0, 1, 3, 4]
+    assert "not done after 5s (ELASTIC_HVD_SPAWN_TIMEOUT)" in job.output
     assert job.returncode == 0

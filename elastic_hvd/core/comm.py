@@ -59,6 +59,7 @@ class ResilientComm(CollectivesMixin, GrowthMixin):
         self._failure_classes = (MPI.ERR_PROC_FAILED, MPI.ERR_PROC_FAILED_PENDING,
                                  MPI.ERR_REVOKED)
         self._join, self._quiet, self.joining, self._rehearsing = None, False, False, False
+        self._spawns = 0  # spawns this job made (counted alike on every rank; joiners are told)
         if parent is not None:
             self._init_joiner(parent)
             self._procs = {}

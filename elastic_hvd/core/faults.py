@@ -26,6 +26,11 @@ list of ``key=value``::
     with ``coll``: ``before`` (default) fires as the collective starts; ``after`` fires
     once its data transfer completed here but before the ranks agreed on the outcome
     -- the moment at which ULFM's non-uniform error reporting bites.
+``joiner``
+    instead of ``rank`` and a moment: the process started by the job's N-th spawn
+    fails before ``MPI_Init`` -- with ``signal`` (default ``KILL``), or ``HANG``
+    (it never gets further, as a process stuck in start-up).  The spawning ranks
+    then give the spawn up after ``ELASTIC_HVD_SPAWN_TIMEOUT`` seconds.
 """
 
 import dataclasses
@@ -37,11 +42,14 @@ import time
 from .errors import FaultInjected
 
 ENV = "ELASTIC_HVD_FAULTS"
+#: How a spawned process learns the fault planned for it (set by its spawner).
+JOINER_ENV = "ELASTIC_HVD_JOINER_FAULT"
 
 
 @dataclasses.dataclass(frozen=True)
 class Fault:
-    rank: int
+    rank: int = None
+    joiner: int = None
     coll: int = None
     step: int = None
     spawn: int = None
@@ -60,9 +68,17 @@ class Fault:
     def _deliver(self, delay):
         if delay:
             time.sleep(delay)
-        if self.signal == "EXIT":
-            os._exit(1)
-        os.kill(os.getpid(), getattr(_signal, "SIG" + self.signal))
+        _signal_self(self.signal)
+
+
+def _signal_self(name):
+    """Deliver the fault ``name`` (a signal name, ``EXIT`` or ``HANG``) to this process."""
+    if name == "HANG":
+        while True:
+            time.sleep(3600)
+    if name == "EXIT":
+        os._exit(1)
+    os.kill(os.getpid(), getattr(_signal, "SIG" + name))
 
 
 def parse(spec):
@@ -75,14 +91,24 @@ def parse(spec):
             if not sep:
                 raise ValueError(f"{ENV}: expected key=value, got {item!r} in {entry!r}")
             fields[key.strip()] = value.strip()
-        unknown = set(fields) - {"rank", "coll", "step", "spawn", "signal", "delay", "phase"}
+        unknown = set(fields) - {"rank", "joiner", "coll", "step", "spawn", "signal", "delay",
+                                 "phase"}
         if unknown:
             raise ValueError(f"{ENV}: unknown key(s) {sorted(unknown)} in {entry!r}")
+        sig = fields.get("signal", "KILL").upper().removeprefix("SIG")
+        if "joiner" in fields:
+            if set(fields) - {"joiner", "signal"}:
+                raise ValueError(f"{ENV}: a joiner= fault takes only signal= in {entry!r}")
+            if sig not in ("HANG", "EXIT") and not hasattr(_signal, "SIG" + sig):
+                raise ValueError(f"{ENV}: unknown signal {sig!r} in {entry!r}")
+            faults.append(Fault(joiner=int(fields["joiner"]), signal=sig))
+            continue
+        if "rank" not in fields:
+            raise ValueError(f"{ENV}: give rank= (or joiner=) in {entry!r}")
         if sum(key in fields for key in ("coll", "step", "spawn")) != 1:
             raise ValueError(f"{ENV}: give exactly one of coll=, step= or spawn= in {entry!r}")
         if fields.get("phase", "before") not in ("before", "after"):
             raise ValueError(f"{ENV}: phase must be before or after in {entry!r}")
-        sig = fields.get("signal", "KILL").upper().removeprefix("SIG")
         if sig not in ("RAISE", "EXIT") and not hasattr(_signal, "SIG" + sig):
             raise ValueError(f"{ENV}: unknown signal {sig!r} in {entry!r}")
         faults.append(Fault(
@@ -104,10 +130,12 @@ class FaultPlan:
         self._after_coll = {f.coll: f for f in mine if f.coll is not None and f.phase == "after"}
         self._by_step = {f.step: f for f in mine if f.step is not None}
         self._by_spawn = {f.spawn: f for f in mine if f.spawn is not None}
+        self._by_joiner = {f.joiner: f.signal for f in faults if f.joiner is not None}
         self._collectives = self._spawns = 0
 
     def __bool__(self):
-        return bool(self._by_coll or self._after_coll or self._by_step or self._by_spawn)
+        return bool(self._by_coll or self._after_coll or self._by_step or self._by_spawn
+                    or self._by_joiner)
 
     def at_spawn(self):
         self._spawns += 1
@@ -155,6 +183,20 @@ def after_transfer():
 def at_spawn():
     if _plan:
         _plan.at_spawn()
+
+
+def for_joiner(spawn_number):
+    """The fault planned for the process of the job's ``spawn_number``-th spawn:
+    ``{JOINER_ENV: signal}`` for its environment, or ``{}``."""
+    signal = _plan._by_joiner.get(spawn_number) if _plan else None
+    return {JOINER_ENV: signal} if signal else {}
+
+
+def at_joiner_start():
+    """In a spawned process, before MPI_Init: fire the fault its spawner planned."""
+    signal = os.environ.pop(JOINER_ENV, None)
+    if signal:
+        _signal_self(signal)
 
 
 def at_step(step):

@@ -28,6 +28,7 @@ import base64
 import contextlib
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -42,8 +43,12 @@ from .membership import MembershipEvent
 
 #: ``ResilientComm.label`` while a join's bookkeeping is exchanged.
 JOIN_LABEL = "ElasticJoin"
-#: Seconds a spawned process may take to merge before it gives up and exits.
-MERGE_DEADLINE = 120.0
+
+
+def spawn_timeout():
+    """Seconds the running ranks wait for a spawn (start, MPI_Init, merge) before they
+    give it up (``ELASTIC_HVD_SPAWN_TIMEOUT``, default 60; normally it takes ~1.5 s)."""
+    return float(os.environ.get("ELASTIC_HVD_SPAWN_TIMEOUT", 60.0))
 
 
 class JoinOrderError(ElasticHvdError):
@@ -79,15 +84,10 @@ def merge_with_parent(MPI):
     if intercomm == MPI.COMM_NULL:
         return None
     intercomm.Set_errhandler(MPI.ERRORS_RETURN)
-    watchdog = threading.Timer(MERGE_DEADLINE, _give_up, ("the running job never merged",))
-    watchdog.daemon = True
-    watchdog.start()
     try:
         merged = intercomm.Merge(high=True)
     except MPI.Exception as exc:  # the parents abandoned this spawn
         _give_up(f"merge failed ({exc.Get_error_string()})")
-    finally:
-        watchdog.cancel()
     merged.Set_errhandler(MPI.ERRORS_RETURN)
     try:
         _connect_all(merged)
@@ -96,6 +96,27 @@ def merge_with_parent(MPI):
     intercomm.Free()
     _merged = merged
     return merged
+
+
+@contextlib.contextmanager
+def start_up_deadline():
+    """A spawned process that is not merged in time exits: by then its spawners gave
+    it up (after :func:`spawn_timeout`), and mpirun would wait for it for ever.
+
+    ``MPI_Init`` runs while the interpreter lock is held, so a watchdog thread
+    cannot act if it hangs there (seen once in ~20 test runs); ``SIGALRM``, whose
+    default action ends the process, can."""
+    seconds = 2 * spawn_timeout() + 10
+    watchdog = threading.Timer(seconds, _give_up, ("it was not merged with the running job "
+                                                   f"within {seconds:.0f}s",))
+    watchdog.daemon = True
+    watchdog.start()
+    signal.alarm(int(seconds) + 5)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        watchdog.cancel()
 
 
 def _connect_all(merged):
@@ -126,12 +147,84 @@ def program_argv():
 RUNTIME_PREFIXES = ("PMIX", "PRTE", "OMPI_")
 
 
-def joiner_command():
+def joiner_command(extra_env=None):
     """(executable, args) to spawn: the join wrapper around this program, carrying
     this process's environment (spawned processes get mpirun's, not ours)."""
     environ = {k: v for k, v in os.environ.items() if not k.startswith(RUNTIME_PREFIXES)}
+    environ.update(extra_env or {})
     env = base64.b64encode(json.dumps(environ).encode()).decode()
     return sys.executable, ["-m", "elastic_hvd.runner.join", env, *program_argv()]
+
+
+class _SpawnCall:
+    """One spawn (``MPI_Comm_spawn`` + merge + connect), in a thread of its own on a
+    duplicate of the live communicator, so that the running ranks can give it up.
+
+    A new process that never completes ``MPI_Init`` (seen here: one stuck in it;
+    one that dies before it) leaves ``MPI_Comm_spawn`` blocked for ever in the
+    spawning root.  After the timeout every rank revokes the duplicate, which frees
+    the ranks waiting for the root, and goes on; the root's thread stays behind
+    (measured: a later spawn, from a new duplicate, works).
+    """
+
+    def __init__(self, owner, executable, args, count, info):
+        self._owner, self._lock, self._done = owner, threading.Lock(), threading.Event()
+        self._given_up, self._made = False, []  # communicators to revoke if given up
+        self.merged = self.error = None
+        try:
+            self._comm = owner._comm.Dup()
+        except owner.MPI.Exception as exc:  # e.g. a rank died just now
+            self.error = exc
+            info.Free()
+            self._done.set()
+            return
+        self._keep(self._comm)
+        threading.Thread(target=self._run, args=(executable, args, count, info),
+                         name="elastic_hvd-spawn", daemon=True).start()
+
+    def _keep(self, comm):
+        comm.Set_errhandler(self._owner.MPI.ERRORS_RETURN)
+        with self._lock:
+            self._made.append(comm)
+            if self._given_up:
+                self._owner._revoke(comm)
+
+    def _run(self, executable, args, count, info):
+        owner = self._owner
+        inter = merged = None
+        try:
+            inter = self._comm.Spawn(executable, args, maxprocs=count, info=info, root=0)
+            self._keep(inter)
+            faults.at_spawn()
+            merged = inter.Merge(high=False)
+            self._keep(merged)
+            _connect_all(merged)
+        except Exception as exc:  # noqa: BLE001 - any failure: the spawn did not happen
+            self.error = exc
+            owner._revoke(self._comm)  # free the ranks still inside the spawn
+        finally:
+            info.Free()
+        with self._lock:
+            if self.error is None and not self._given_up:
+                self.merged = merged
+            elif merged is not None:
+                owner._revoke(merged)  # given up: its joiner exits
+            self._done.set()
+        for comm in (inter, self._comm):
+            if comm is not None:
+                owner._free(comm)
+
+    def result(self, timeout):
+        """``(merged communicator, None)``, or ``(None, why)`` if the spawn failed here
+        or did not finish within ``timeout`` seconds."""
+        self._done.wait(timeout)
+        with self._lock:
+            if not self._done.is_set():
+                self._given_up = True
+                for comm in self._made:
+                    self._owner._revoke(comm)
+                return None, f"not done after {timeout:.0f}s (ELASTIC_HVD_SPAWN_TIMEOUT)"
+        return self.merged, self.error
 
 
 class GrowthMixin:
@@ -154,7 +247,6 @@ class GrowthMixin:
         MPI = self.MPI
         started = time.perf_counter()
         comm = self._comm
-        flag, merged, error = 0, None, None
         info = MPI.Info.Create()
         info.Set("wdir", os.getcwd())
         if hosts:
@@ -162,24 +254,10 @@ class GrowthMixin:
         if oversubscribe if oversubscribe is not None else \
                 os.environ.get("ELASTIC_HVD_OVERSUBSCRIBE") == "1":
             info.Set("map_by", ":OVERSUBSCRIBE")
-        executable, args = joiner_command()
-        inter = None
-        try:
-            inter = comm.Spawn(executable, args, maxprocs=count, info=info, root=0)
-            inter.Set_errhandler(MPI.ERRORS_RETURN)
-            faults.at_spawn()
-            merged = inter.Merge(high=False)
-            merged.Set_errhandler(MPI.ERRORS_RETURN)
-            _connect_all(merged)
-            flag = 1
-        except MPI.Exception as exc:
-            error = exc
-            self._revoke(comm)  # free the ranks still inside the spawn
-        finally:
-            info.Free()
-        agreed = self._agree(comm, flag)
-        if inter is not None:
-            inter.Free()
+        self._spawns += 1
+        executable, args = joiner_command(faults.for_joiner(self._spawns))
+        merged, error = _SpawnCall(self, executable, args, count, info).result(spawn_timeout())
+        agreed = self._agree(comm, 1 if merged is not None else 0)
         if agreed == 1:
             self._join = _Join(merged, merged.Ibarrier(), count, len(self.events), started)
             return True
@@ -188,8 +266,9 @@ class GrowthMixin:
         if agreed is None or comm.Is_revoked():
             self._repair(started)
         if error is not None and self.rank == 0:
-            print(f"elastic_hvd: spawning {count} process(es) failed: "
-                  f"{error.Get_error_string()}", file=sys.stderr, flush=True)
+            why = error.Get_error_string() if isinstance(error, MPI.Exception) else error
+            print(f"elastic_hvd: spawning {count} process(es) failed: {why}",
+                  file=sys.stderr, flush=True)
         return False
 
     def poll_join(self):
@@ -237,7 +316,8 @@ class GrowthMixin:
         self._free(old)
         book = {"ids": self._ids, "old": old_ids, "procs": self._procs, "events": self.events,
                 "initial_size": self.initial_size, "next_id": self._next_id,
-                "min_np": self.min_np, "predictor": self._predictor.state()}
+                "min_np": self.min_np, "predictor": self._predictor.state(),
+                "spawns": self._spawns}
         try:  # a plain broadcast: a joiner must never wait in an agreement for ranks
             adopted.bcast(book, root=0)  # that might still send it away (see join())
         except MPI.Exception:
@@ -297,7 +377,7 @@ class GrowthMixin:
         self._procs.update(book["procs"])
         self.events = list(book["events"])
         self.initial_size, self.min_np = book["initial_size"], book["min_np"]
-        self._next_id = book["next_id"]
+        self._next_id, self._spawns = book["next_id"], book["spawns"]
         self._predictor.load_state(book["predictor"])
         self.original_id = self._ids[self.rank]
         event = self._welcome(book["old"], started, 0.0)

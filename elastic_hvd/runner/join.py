@@ -22,8 +22,10 @@ def main():
         os.environ.setdefault(name, value)
     os.environ["ELASTIC_HVD_PROGRAM"] = json.dumps(program)
 
-    from elastic_hvd.core import growth, mpi_env  # reads ELASTIC_HVD_* settings: after
-    growth.merge_with_parent(mpi_env.load_mpi())
+    from elastic_hvd.core import faults, growth, mpi_env  # read ELASTIC_HVD_*: after
+    with growth.start_up_deadline():
+        faults.at_joiner_start()  # a fault planned for this process (tests)
+        growth.merge_with_parent(mpi_env.load_mpi())
 
     if program[:1] == ["-m"]:
         sys.argv = [program[1], *program[2:]]
