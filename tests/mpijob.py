@@ -69,7 +69,10 @@ def run_job(worker, *args, np=4, timeout=120, faults=None, launcher=(), env=None
     if faults:
         cmd += ["--faults", faults]
     cmd += ["-x", f"TEST_OUT_DIR={out_dir}"]
-    for name, value in (env or {}).items():
+    # A spawn that never completes (rare) is given up after this many seconds; the
+    # default 60 (+ the stuck joiner's own deadline) would not fit the tests' timeouts.
+    env = {"ELASTIC_HVD_SPAWN_TIMEOUT": "20", **(env or {})}
+    for name, value in env.items():
         cmd += ["-x", f"{name}={value}"]
     cmd += ["python", str(WORKERS / worker), *map(str, args)]
     started = time.monotonic()
