@@ -104,8 +104,8 @@ def start_up_deadline():
     it up (after :func:`spawn_timeout`), and mpirun would wait for it for ever.
 
     ``MPI_Init`` runs while the interpreter lock is held, so a watchdog thread
-    cannot act if it hangs there (seen once in about ten runs of the test suite); ``SIGALRM``, whose
-    default action ends the process, can."""
+    cannot act if it hangs there (seen once in about ten runs of the test suite);
+    ``SIGALRM``, whose default action ends the process, can."""
     seconds = 2 * spawn_timeout() + 10
     watchdog = threading.Timer(seconds, _give_up, ("it was not merged with the running job "
                                                    f"within {seconds:.0f}s",))
