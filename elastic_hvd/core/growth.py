@@ -206,11 +206,11 @@ class _SpawnCall:
             info.Free()
         with self._lock:
             if self.error is None and not self._given_up:
-                self.merged = merged
+                self.merged, merged = merged, None  # handed over
             elif merged is not None:
-                owner._revoke(merged)  # given up: its joiner exits
+                owner._revoke(merged)  # its joiner gives up
             self._done.set()
-        for comm in (inter, self._comm):
+        for comm in (merged, inter, self._comm):
             if comm is not None:
                 owner._free(comm)
 
