@@ -74,9 +74,14 @@ def _allreduce_pieces(comm, send, target, mpi_op, scale):
     ``scale`` (a float, or None for integers) multiplies each reduced piece while
     it is still in cache, which saves a second pass over a large result.
     """
-    send, target = send.reshape(-1), target.reshape(-1)
     step = max(1, ALLREDUCE_PIECE_BYTES // send.itemsize) if ALLREDUCE_PIECE_BYTES > 0 \
-        else max(1, send.size)
+        else send.size
+    if step >= send.size:  # one piece: the common small call, without slicing
+        comm.Allreduce(send, target, op=mpi_op)
+        if scale is not None:
+            target *= scale
+        return
+    send, target = send.reshape(-1), target.reshape(-1)
     for start in range(0, send.size, step):
         piece = target[start:start + step]
         comm.Allreduce(send[start:start + step], piece, op=mpi_op)
