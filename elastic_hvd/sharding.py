@@ -6,23 +6,27 @@ them over the live ranks in rank order.  Every rank computes the same schedule
 (same seed, same membership events, which are agreed), so all ranks run the
 same number of steps and the epoch ends on the same step everywhere.
 
-When a rank dies inside a step's gradient reduction (the event's ``during`` is
-:data:`GRADIENTS`), its slice of that step never reached the model: the slice is
-put back at the end of the queue.  A rank that dies anywhere else had its last
-slice averaged in already, so nothing is re-queued.  Batches are drawn when a
-step starts (no read-ahead), so prefetching cannot hand out slices planned for
-a membership that no longer exists; the TF adapter keeps it that way.
+A slice drawn by a rank stays *pending* until an optimizer step commits (see
+:mod:`elastic_hvd.core.session`): the commit names the ranks whose gradients the
+step holds, the same on every survivor.  Their pending slices are done; the
+pending slices of every other rank (lost before or during the step, including
+all micro-batches of ``backward_passes_per_step``) go back at the end of the
+queue.  Batches are drawn when a step starts (no read-ahead), so prefetching
+cannot hand out slices planned for a membership that no longer exists; the TF
+adapter keeps it that way.
 
 The last step of an epoch may hold fewer samples than ranks: ranks left without
 one get a single sample with weight 0 (no gradient), so no batch is empty.
+
+Not covered: a slice is "trained" when its gradients were reduced; a step that
+fails after its commit (in the optimizer's update itself) is not redone.
 """
 
 import collections
 
 import numpy as np
 
-#: The label under which gradient reductions run (``ResilientComm.label``).
-GRADIENTS = "HorovodGradients"
+from .core import runtime
 
 
 class ElasticSampler:
@@ -35,16 +39,15 @@ class ElasticSampler:
         self.epoch = epoch - 1  # start_epoch() moves to `epoch`
         self.queue = collections.deque()
         self.step = 0
-        self._last = {}  # original id -> ids of the step being trained
+        self._pending = {}  # original id -> ids drawn since the last committed step
         self._resume = None  # a checkpointed, unfinished epoch to continue
         self.requeued = 0
-        comm.listeners.add(self._on_membership_change)
+        runtime.session("ElasticSampler").commits.add(self._on_commit)
 
     def start_epoch(self, epoch=None):
         """Begin ``epoch`` (default: the next one): a fresh permutation, or the rest of
         that epoch if a checkpoint of it was loaded."""
         self.epoch = self.epoch + 1 if epoch is None else int(epoch)
-        self._last = {}
         if self._resume is not None and self._resume["epoch"] == self.epoch:
             self.queue = collections.deque(self._resume["queue"])
             self.step, self._resume = self._resume["step"], None
@@ -62,7 +65,6 @@ class ElasticSampler:
     def next_batch(self):
         """``(ids, weights)`` for this rank's next step, or None when the epoch is done."""
         if not self.queue:
-            self._last = {}
             return None
         ids = self.comm.ids
         take = [self.queue.popleft() for _ in range(min(len(self.queue),
@@ -73,26 +75,32 @@ class ElasticSampler:
             count = base + (1 if position < extra else 0)
             slices[original_id] = take[start:start + count]
             start += count
-        self._last = slices
+        for original_id, taken in slices.items():
+            self._pending.setdefault(original_id, []).extend(taken)
         self.step += 1
         mine = slices[self.comm.original_id]
         if not mine:  # more ranks than samples left: one weightless sample
             return np.array([take[0]]), np.zeros(1, dtype=np.float32)
         return np.array(mine), np.ones(len(mine), dtype=np.float32)
 
-    def _on_membership_change(self, event):
-        if event.during != GRADIENTS:
-            return
-        # Below min_np the step is abandoned: nobody's slice of it was trained.
-        lost = list(self._last) if event.new_size < self.comm.min_np else event.lost
-        for original_id in lost:
-            lost = self._last.pop(original_id, [])
-            self.queue.extend(lost)
-            self.requeued += len(lost)
+    def uncommitted(self):
+        """True while drawn samples wait for a step to commit them."""
+        return any(self._pending.values())
+
+    def _on_commit(self, ids):
+        """A step committed with the gradients of ``ids``: their slices are trained,
+        everyone else's go back into the queue."""
+        for original_id, taken in self._pending.items():
+            if original_id not in ids:
+                self.queue.extend(taken)
+                self.requeued += len(taken)
+        self._pending = {}
 
     def state(self):
-        """Position in the epoch (for checkpoints and for ranks that join later)."""
-        return {"epoch": self.epoch, "queue": list(self.queue), "step": self.step}
+        """Position in the epoch (for checkpoints and for ranks that join later).
+        Samples drawn for a step that never committed count as not trained."""
+        queue = list(self.queue) + [i for taken in self._pending.values() for i in taken]
+        return {"epoch": self.epoch, "queue": queue, "step": self.step}
 
     def load_state(self, state):
         """Continue the checkpointed epoch: the next ``start_epoch()`` resumes it."""

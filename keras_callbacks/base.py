@@ -1,55 +1,58 @@
 """The base of the membership-aware callbacks.
 
 Membership events fire inside a collective, i.e. inside the running train step
-(possibly inside a compiled graph), where Keras state must not be touched.  So
-each callback queues the events it is told about and handles them at the next
-batch or epoch boundary, on the main thread, before the next step starts.
+(possibly inside a compiled graph), where Keras state must not be touched.  The
+training session (:mod:`elastic_hvd.core.session`) keeps every event from
+``init()`` on and hands them to its handlers at step boundaries, on the main
+thread, in a fixed order (data, learning rate, reports, checkpoints).  A
+callback is such a handler from ``on_train_begin`` on: it still gets the events
+that happened before (e.g. inside the first variable broadcast), and a new
+instance of the same class does not apply an event a former one applied.
 """
 
 import tensorflow as tf
 
 from elastic_hvd.core import runtime
+from elastic_hvd.core import session as _session
 
 
 class MembershipCallback(tf.keras.callbacks.Callback):
-    """Calls ``handle(event)`` at the first batch/epoch boundary after each membership change."""
+    """Calls ``handle(event)`` at the first step boundary after each membership change."""
+
+    #: When this kind of handler sees an event, relative to the others.
+    ORDER = _session.REPORT
 
     def __init__(self):
         super().__init__()
-        self._pending = []
-        self._comm = None
         self.epoch = 0
         self.step = 0
 
-    def _attach(self):
-        if self._comm is None:
-            self._comm = runtime.current(type(self).__name__)
-            self._comm.listeners.add(self._pending.append)
-
     @property
     def comm(self):
-        self._attach()
-        return self._comm
+        return runtime.current(type(self).__name__)
+
+    @property
+    def kind(self):
+        """Handlers of one kind apply each event once (see the module doc)."""
+        return f"{type(self).__module__}.{type(self).__qualname__}"
 
     def on_train_begin(self, logs=None):
-        self._attach()
+        session = runtime.session(type(self).__name__)
+        session.register(self.kind, self.ORDER, self.handle)
+        session.boundary()
 
     def on_epoch_begin(self, epoch, logs=None):
         self.epoch, self.step = epoch, 0
 
     def on_train_batch_end(self, batch, logs=None):
         self.step = batch + 1
-        self._drain()
+        runtime.session().boundary()
 
     def on_epoch_end(self, epoch, logs=None):
-        self._drain()
+        runtime.session().boundary()
 
     def on_train_end(self, logs=None):
-        self._drain()
-
-    def _drain(self):
-        while self._pending:
-            self.handle(self._pending.pop(0))
+        runtime.session().boundary()
 
     def handle(self, event):
         raise NotImplementedError

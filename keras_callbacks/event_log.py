@@ -45,8 +45,7 @@ class MembershipEventLog(MembershipCallback):
 
     def handle(self, event):
         lr_before = lr_after = get_lr(self.model.optimizer)
-        if self.rescaler is not None:
-            self.rescaler._drain()  # make sure the rate is already rescaled
+        if self.rescaler is not None:  # it handled the event already (an earlier ORDER)
             lr_before = next((b for s, b, _ in self.rescaler.changes if s == event.sequence),
                              lr_before)
         record = {"time": event.wall_time, "epoch": self.epoch, "step": self.step,

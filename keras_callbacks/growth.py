@@ -28,7 +28,6 @@ from elastic_hvd.core import ElasticHvdError, runtime
 from elastic_hvd.core.growth import GrowthPolicy
 from elastic_hvd.tensorflow.keras.callbacks import BroadcastGlobalVariablesCallback, get_lr, set_lr
 
-from .base import MembershipCallback
 from .checkpoint import optimizer_variables
 
 
@@ -58,6 +57,10 @@ class ElasticGrowth(tf.keras.callbacks.Callback):
             return
         if not self.policy:
             return
+        if self.sampler.uncommitted():
+            # Mid-way through backward_passes_per_step: a joiner would start its
+            # local accumulation out of step with the others.  Adopt after the commit.
+            return
         if self.sampler.epoch == self.epoch and not self.sampler.queue:
             # Keras' extra batch at the end of an epoch of unknown length: it finds
             # no data and ends the epoch; a joiner adopted here would start an empty
@@ -67,9 +70,7 @@ class ElasticGrowth(tf.keras.callbacks.Callback):
         event = self.policy.step(comm)
         if event is not None and event.gained:
             started = time.perf_counter()
-            for callback in self.callbacks:
-                if isinstance(callback, MembershipCallback):
-                    callback._drain()
+            runtime.session().boundary()  # the growth event is applied before the state leaves
             comm.broadcast_object(self._live_state())
             self.handovers.append((event, time.perf_counter() - started))
 
@@ -81,7 +82,7 @@ class ElasticGrowth(tf.keras.callbacks.Callback):
             "epoch": self.epoch,
             "model": [v.numpy() for v in model.variables],
             "optimizer": [v.numpy() for v in optimizer_variables(optimizer)],
-            "lr": get_lr(optimizer), "lr_factor": getattr(optimizer, "_elastic_lr_factor", 1.0),
+            "lr": get_lr(optimizer), "session": runtime.session().state(),
             "sampler": {**self.sampler.state(), "batch_size": self.sampler.batch_size},
             "policy": self.policy.state(),
             "callbacks": [c.live_state() if hasattr(c, "live_state") else None
@@ -105,7 +106,7 @@ class ElasticGrowth(tf.keras.callbacks.Callback):
             optimizer.build(model.trainable_variables)
         _assign(optimizer_variables(optimizer), state["optimizer"], "optimizer")
         set_lr(optimizer, state["lr"])
-        optimizer._elastic_lr_factor = state["lr_factor"]
+        runtime.session().load_state(state["session"])
         self.sampler.batch_size = state["sampler"]["batch_size"]
         if state["sampler"]["epoch"] == state["epoch"]:  # mid-epoch: the rest of its queue
             self.sampler.load_state(state["sampler"])
@@ -119,8 +120,7 @@ class ElasticGrowth(tf.keras.callbacks.Callback):
             if saved is not None:
                 callback.load_live_state(saved)
             if isinstance(callback, BroadcastGlobalVariablesCallback):
-                callback.broadcast_done = True
-                callback.skip_next_train_begin = True  # the others are mid-epoch
+                callback.broadcast_done = True  # the live state is what the others have
         self._skip_next = True
         self.epoch = state["epoch"]
         self.handovers.append((event, time.perf_counter() - started))

@@ -10,16 +10,18 @@ batch changes, so the rate must follow:
 * ``"constant_global_batch"``: keep lr and the global batch: the per-rank batch of the
   given :class:`~elastic_hvd.sharding.ElasticSampler` grows to ``initial global batch / size``.
 
-The cumulative factor is kept on the optimizer (``_elastic_lr_factor``), where
-``hvd.callbacks.LearningRateScheduleCallback`` / ``…WarmupCallback`` apply it too, so a
-schedule that sets the rate every epoch keeps the rescaling.  With momentum
-correction, momentum is scaled by new_lr / old_lr for the next step, as the
-schedule callbacks do.
+The cumulative factor is part of the training session (``session.lr_factor``),
+where ``hvd.callbacks.LearningRateScheduleCallback`` / ``…WarmupCallback`` apply it
+too, so a schedule that sets the rate every epoch keeps the rescaling.  With
+momentum correction, momentum is scaled by new_lr / old_lr for the next step, as
+the schedule callbacks do (one correction per optimizer, however many ask).
 """
 
 import math
 
-from elastic_hvd.tensorflow.keras.callbacks import get_lr, MomentumCorrection, set_lr
+from elastic_hvd.core import runtime
+from elastic_hvd.core import session as _session
+from elastic_hvd.tensorflow.keras.callbacks import get_lr, momentum_correct, momentum_restore, set_lr
 
 from .base import MembershipCallback
 
@@ -35,6 +37,10 @@ def scale_factor(policy, old_size, new_size):
 
 
 class LearningRateRescaler(MembershipCallback):
+    """Rescale the learning rate at each membership change by ``policy`` (see the module doc)."""
+
+    ORDER = _session.LEARNING_RATE
+
     def __init__(self, policy="linear", sampler=None, momentum_correction=True):
         super().__init__()
         if policy not in POLICIES:
@@ -42,18 +48,17 @@ class LearningRateRescaler(MembershipCallback):
         if policy == "constant_global_batch" and sampler is None:
             raise ValueError("policy 'constant_global_batch' needs the ElasticSampler (sampler=)")
         self.policy, self.sampler = policy, sampler
-        self.momentum = MomentumCorrection() if momentum_correction else None
+        self.momentum_correction = momentum_correction
         self.changes = []  # (event sequence, lr before, lr after)
         self._global_batch = None
 
     def on_train_begin(self, logs=None):
-        super().on_train_begin(logs)
         if self.sampler is not None and self._global_batch is None:
             self._global_batch = self.sampler.batch_size * self.comm.size
+        super().on_train_begin(logs)
 
     def on_train_batch_end(self, batch, logs=None):
-        if self.momentum is not None:  # the corrected momentum served one step
-            self.momentum.restore(self.model.optimizer)
+        momentum_restore(self.model.optimizer)  # the corrected momentum served one step
         super().on_train_batch_end(batch, logs)
 
     def live_state(self):
@@ -70,9 +75,9 @@ class LearningRateRescaler(MembershipCallback):
         after = before * factor
         if factor != 1.0:
             set_lr(optimizer, after)
-            optimizer._elastic_lr_factor = getattr(optimizer, "_elastic_lr_factor", 1.0) * factor
-            if self.momentum is not None:
-                self.momentum.correct(optimizer, before, after)
+            runtime.session().lr_factor *= factor
+            if self.momentum_correction:
+                momentum_correct(optimizer, before, after)
         if self.policy == "constant_global_batch":
             self.sampler.batch_size = -(-self._global_batch // event.new_size)
         self.changes.append((event.sequence, before, after))

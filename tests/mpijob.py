@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -61,8 +62,11 @@ def kill_tree(proc):
 
 
 def run_job(worker, *args, np=4, timeout=120, faults=None, launcher=(), env=None,
-            tmp_path=None, expect_rc=0):
-    """Launch ``tests/workers/<worker>`` on ``np`` ranks through elastic-hvd-run."""
+            tmp_path=None, expect_rc=0, watcher=None):
+    """Launch ``tests/workers/<worker>`` on ``np`` ranks through elastic-hvd-run.
+
+    ``watcher(out_dir)``, if given, runs in a thread while the job runs (e.g. to
+    kill a rank from outside at a moment no hook chose)."""
     out_dir = Path(tmp_path) / "out"
     out_dir.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "elastic_hvd.runner.launch", "-np", str(np), *launcher]
@@ -78,6 +82,8 @@ def run_job(worker, *args, np=4, timeout=120, faults=None, launcher=(), env=None
     started = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True, cwd=ROOT)
+    if watcher is not None:
+        threading.Thread(target=watcher, args=(out_dir,), daemon=True).start()
     try:
         output, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:

@@ -147,6 +147,19 @@ class ResilientComm(CollectivesMixin, GrowthMixin):
         finally:
             self._heartbeat.leave()
 
+    def consistent(self, attempt):
+        """Run ``attempt()`` -- several collectives -- until it completes without a
+        membership change, so that all its results come from one membership.
+
+        Every survivor sees the same changes at the same collective (outcomes are
+        agreed), so all of them run ``attempt`` again together.  ``attempt`` must
+        not change its inputs."""
+        while True:
+            seen = len(self.events)
+            result = attempt()
+            if len(self.events) == seen:
+                return result
+
     def _run(self, signature, attempt):
         while True:
             started = time.perf_counter()

@@ -12,8 +12,10 @@ from .comm import ResilientComm
 from .errors import NotInitializedError
 from .heartbeat import Heartbeat
 from .mpi_env import ft_enabled, heartbeat_settings, load_mpi, ulfm_compiled
+from .session import Session
 
 _current = None
+_session = None
 
 NOT_ELASTIC_WARNING = (
     "elastic_hvd: WARNING: this job runs WITHOUT fault tolerance ({why}); the loss of any "
@@ -36,7 +38,7 @@ def init(comm=None, *, min_np=None, mismatch_timeout=None, stall_timeout=None):
     ``stall_timeout`` (``$ELASTIC_HVD_STALL_TIMEOUT``, 0 = off): a rank that makes
     no collective call for that long kills itself (see :mod:`.heartbeat`).
     """
-    global _current
+    global _current, _session
     if _current is not None:
         return _current
     MPI = load_mpi()
@@ -61,6 +63,7 @@ def init(comm=None, *, min_np=None, mismatch_timeout=None, stall_timeout=None):
         min_np=_setting(min_np, "ELASTIC_HVD_MIN_NP", 1, int),
         mismatch_timeout=_setting(mismatch_timeout, "ELASTIC_HVD_MISMATCH_TIMEOUT", 5.0),
         elastic=elastic, heartbeat=heartbeat, parent=growth.merge_with_parent(MPI))
+    _session = Session(_current)
     if not _current.joining:  # a joiner learns its id when it joins (see join())
         faults.configure(_current.original_id)
     atexit.register(_at_exit, MPI, heartbeat)
@@ -168,13 +171,19 @@ def current(what="this call"):
     return _current
 
 
+def session(what="this call"):
+    """The training session (:mod:`.session`) of the communicator; exists from ``init()`` on."""
+    current(what)
+    return _session
+
+
 def shutdown():
     """Meet the other ranks, then forget the communicator (MPI is finalized at exit)."""
-    global _current
+    global _current, _session
     _leave_together()
     if _current is not None:
         try:
             _current.mpi_comm.Free()
         except Exception:
             pass
-    _current = None
+    _current = _session = None

@@ -8,7 +8,6 @@ densified with ``sparse_as_dense``), local variables left alone.
 
 import tensorflow as tf
 
-from ..sharding import GRADIENTS
 from . import ops
 from .compression import Compression
 from .ops import Average, Sum, global_process_set
@@ -39,10 +38,12 @@ class GradientReducer:
         self.local_vars.add(id(var))
 
     def __call__(self, grads, variables=None):
+        """Reduce one step's gradients in one step transaction (see
+        :func:`.ops.reduce_together`): all of them come from the same ranks."""
         grads = list(grads)
         variables = list(variables) if variables is not None else [None] * len(grads)
         out = list(grads)
-        dense = []
+        dense, sparse = [], []
         for i, (g, v) in enumerate(zip(grads, variables)):
             if g is None:
                 continue
@@ -52,18 +53,21 @@ class GradientReducer:
                 continue
             if isinstance(g, tf.IndexedSlices):
                 if not self.sparse_as_dense:
-                    out[i] = sparse_allreduce(g, self.op)
+                    sparse.append(i)
                     continue
                 grads[i] = tf.convert_to_tensor(g)
             dense.append(i)
-        for group in self._partition(dense, variables):
-            compressed = [self.compression.compress(grads[i]) for i in group]
-            reduced = ops._grouped_allreduce(
-                [c[0] for c in compressed], self.op,
-                prescale_factor=1.0 / self.predivide, postscale_factor=self.predivide,
-                name=GRADIENTS)
-            for i, r, (_, ctx) in zip(group, reduced, compressed):
-                out[i] = self.compression.decompress(r, ctx)
+        groups = self._partition(dense, variables)
+        compressed = {i: self.compression.compress(grads[i]) for i in dense}
+        reduced, gathered = ops.reduce_together(
+            [[compressed[i][0] for i in group] for group in groups],
+            [(grads[i].values, grads[i].indices) for i in sparse], self.op,
+            prescale_factor=1.0 / self.predivide, postscale_factor=self.predivide, commit=True)
+        for group, results in zip(groups, reduced):
+            for i, r in zip(group, results):
+                out[i] = self.compression.decompress(r, compressed[i][1])
+        for i, (values, indices) in zip(sparse, gathered):
+            out[i] = tf.IndexedSlices(values, indices, dense_shape=grads[i].dense_shape)
         return out
 
     def _partition(self, indices, variables):
@@ -86,10 +90,8 @@ class GradientReducer:
 
 def sparse_allreduce(slices, op):
     """IndexedSlices: gather every rank's values and indices (Average divides values)."""
-    values, size = ops._allgather_with_size(slices.values, "HorovodAllgatherValues")
-    indices = ops.allgather_rows(slices.indices, "HorovodAllgatherIndices")
-    if op is Average:
-        values = values / tf.cast(size, values.dtype)
+    _, [(values, indices)] = ops.reduce_together([], [(slices.values, slices.indices)], op,
+                                                 name="HorovodAllgatherSlices")
     return tf.IndexedSlices(values, indices, dense_shape=slices.dense_shape)
 
 
@@ -117,10 +119,13 @@ class LocalAccumulator:
                 self.sums = [None if g is None else
                              tf.Variable(tf.zeros(v.shape, g.dtype), trainable=False)
                              for g, v in zip(grads, variables)]
-        for total, g in zip(self.sums, grads):
-            if g is not None:
-                total.assign_add(g)
-        self.counter.assign_add(1)
+        added = [total.assign_add(g) for total, g in zip(self.sums, grads) if g is not None]
+        # Count the pass only once its gradients exist: without the dependence, TF
+        # runs the increment even when the step has no data (Keras' probe at the end
+        # of an epoch of unknown length), and the ranks' passes drift out of phase
+        # with the epochs (measured: one phantom pass per epoch).
+        with tf.control_dependencies(added):
+            self.counter.assign_add(1)
 
         def flush():
             scale = 1.0 / self.passes if self.average else 1.0

@@ -197,6 +197,67 @@ def fused_allreduce(arrays, op, prescale_factor=1.0, postscale_factor=1.0):
     return results
 
 
+#: Name of the op (and ``ResilientComm.label``) that carries a step's gradients.
+GRADIENTS = "HorovodGradients"
+
+
+def reduce_together(groups, sparse, op, prescale_factor=1.0, postscale_factor=1.0,
+                    commit=False, name=GRADIENTS):
+    """Reduce dense tensors (``groups``: lists fused separately) and gather
+    ``IndexedSlices`` parts (``sparse``: ``(values, indices)`` pairs) in one op
+    whose results all come from one membership.
+
+    With ``commit`` it is the step transaction of :mod:`elastic_hvd.core.session`:
+    a rank lost anywhere inside it makes the survivors redo all of it, and its end
+    commits the step.  Returns ``(dense results per group, [(values, indices)])``.
+    """
+    dense = [t for group in groups for t in group]
+    cast = [_cast_in(t) for t in dense]
+    sparse_inputs = [x for pair in sparse for x in pair]
+    inputs = [c[0] for c in cast] + sparse_inputs
+    if not inputs:
+        return [[] for _ in groups], []
+    sizes = [len(group) for group in groups]
+
+    def fn(*arrays):
+        dense_in, sparse_in = arrays[:len(dense)], arrays[len(dense):]
+
+        def attempt():
+            comm = _comm()
+            out, start = [], 0
+            for count in sizes:
+                out += fused_allreduce(list(dense_in[start:start + count]), op,
+                                       prescale_factor, postscale_factor)
+                start += count
+            for k in range(0, len(sparse_in), 2):
+                values = comm.allgather(sparse_in[k])
+                if op == Average:
+                    values = (values / comm.size).astype(values.dtype, copy=False)
+                out += [values, comm.allgather(sparse_in[k + 1])]
+            return out
+
+        comm = _comm()
+        return runtime.session().step_transaction(attempt) if commit \
+            else comm.consistent(attempt)
+
+    outputs = _numpy_op(name, fn, inputs, [t.dtype for t in inputs])
+    reduced = []
+    for out, (inp, original) in zip(outputs, cast):
+        out.set_shape(inp.shape)
+        reduced.append(tf.cast(out, original) if original is not None else out)
+    per_group, start = [], 0
+    for count in sizes:
+        per_group.append(reduced[start:start + count])
+        start += count
+    gathered = []
+    for k, (values, indices) in enumerate(sparse):
+        v, i = outputs[len(dense) + 2 * k], outputs[len(dense) + 2 * k + 1]
+        v.set_shape(tf.TensorShape([None]).concatenate(values.shape[1:]))
+        i.set_shape([None])
+        gathered.append((v, i))
+    return per_group, gathered
+
+
 def _grouped_allreduce_raw(tensors, op, prescale_factor, postscale_factor, name):
     cast = [_cast_in(t) for t in tensors]
     inputs = [c[0] for c in cast]

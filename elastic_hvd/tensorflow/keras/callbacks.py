@@ -5,6 +5,8 @@ work for every Keras flavour; the membership-aware callbacks live in the
 top-level ``keras_callbacks`` package.
 """
 
+import weakref
+
 import numpy as np
 import tensorflow as tf
 
@@ -27,46 +29,54 @@ def set_lr(optimizer, value):
         optimizer.learning_rate = value
 
 
-class MomentumCorrection:
-    """Momentum correction (Goyal et al. 2017): after the lr changes from a to b,
-    the next step uses momentum * b / a, then the momentum goes back."""
+def _momentum(optimizer):
+    momentum = getattr(optimizer, "momentum", None)
+    if momentum is None:
+        return None
+    return float(momentum.numpy() if hasattr(momentum, "numpy") else momentum)
 
-    def __init__(self):
-        self._saved = None
 
-    @staticmethod
-    def _get(optimizer):
-        momentum = getattr(optimizer, "momentum", None)
-        if momentum is None:
-            return None
-        return float(momentum.numpy() if hasattr(momentum, "numpy") else momentum)
+def _set_momentum(optimizer, value):
+    if hasattr(optimizer.momentum, "assign"):
+        optimizer.momentum.assign(value)
+    else:
+        optimizer.momentum = value
 
-    @staticmethod
-    def _set(optimizer, value):
-        if hasattr(optimizer.momentum, "assign"):
-            optimizer.momentum.assign(value)
-        else:
-            optimizer.momentum = value
 
-    def correct(self, optimizer, old_lr, new_lr):
-        value = self._get(optimizer)
-        if value is None or old_lr <= 0 or new_lr == old_lr:
-            return
-        if self._saved is None:
-            self._saved = value
-        self._set(optimizer, value * new_lr / old_lr)
+#: optimizer -> its momentum before the corrections of the coming step.
+_uncorrected = weakref.WeakKeyDictionary()
 
-    def restore(self, optimizer):
-        if self._saved is not None:
-            self._set(optimizer, self._saved)
-            self._saved = None
+
+def momentum_correct(optimizer, old_lr, new_lr):
+    """Momentum correction (Goyal et al. 2017): after the lr changes from a to b, the
+    next step uses momentum * b / a, then :func:`momentum_restore` puts it back.
+
+    Kept per optimizer, not per callback: when a schedule and a membership change
+    correct the same step, the corrections compound for that step and the
+    momentum still returns to its own value afterwards."""
+    value = _momentum(optimizer)
+    if value is None or old_lr <= 0 or new_lr == old_lr:
+        return
+    _uncorrected.setdefault(optimizer, value)
+    _set_momentum(optimizer, value * new_lr / old_lr)
+
+
+def momentum_restore(optimizer):
+    """Undo the corrections once the corrected step ran (a no-op if there were none)."""
+    value = _uncorrected.pop(optimizer, None)
+    if value is not None:
+        _set_momentum(optimizer, value)
 
 
 class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     """Broadcast the model's and optimizer's variables from ``root_rank`` once.
 
-    It runs at the end of the first batch, when the optimizer's slots exist, as
-    Horovod does (and at the start of training for what already exists).
+    It runs at the start of training for what exists then, and again at the end
+    of the first batch, when the optimizer's slots exist, as Horovod does.  Once
+    only: a second ``fit()`` with the same callback (``fit_elastic`` runs one per
+    epoch) does not broadcast again, so ranks that diverged are not silently
+    re-synchronised (a process that joins a running job receives the live state
+    instead and sets ``broadcast_done``).
     """
 
     def __init__(self, root_rank, device="", local_variables=None):
@@ -74,8 +84,6 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         self.root_rank = root_rank
         self.local_variables = {id(v) for v in local_variables or []}
         self.broadcast_done = False
-        #: Set for a process that joined mid-epoch with the live state already.
-        self.skip_next_train_begin = False
 
     def _broadcast(self):
         variables = list(self.model.variables)
@@ -87,10 +95,8 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
                             self.root_rank)
 
     def on_train_begin(self, logs=None):
-        if self.skip_next_train_begin:
-            self.skip_next_train_begin = False
-            return
-        self._broadcast()
+        if not self.broadcast_done:
+            self._broadcast()
 
     def on_train_batch_end(self, batch, logs=None):
         if not self.broadcast_done:
@@ -134,7 +140,6 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
         self.momentum_correction = momentum_correction
         self.steps_per_epoch = steps_per_epoch
         self.current_epoch = 0
-        self.momentum = MomentumCorrection() if momentum_correction else None
 
     def _steps(self):
         if self.steps_per_epoch is None:
@@ -148,10 +153,10 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
         optimizer = self.model.optimizer
         old_lr = get_lr(optimizer)
         new_lr = (self.initial_lr * self.multiplier(epoch)
-                  * getattr(optimizer, "_elastic_lr_factor", 1.0))
+                  * runtime.session("LearningRateScheduleCallback").lr_factor)
         set_lr(optimizer, new_lr)
-        if self.momentum is not None:
-            self.momentum.correct(optimizer, old_lr, new_lr)
+        if self.momentum_correction:
+            momentum_correct(optimizer, old_lr, new_lr)
 
     def on_epoch_begin(self, epoch, logs=None):
         self.current_epoch = epoch
@@ -163,8 +168,7 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
             self._adjust(self.current_epoch + batch / self._steps())
 
     def on_train_batch_end(self, batch, logs=None):
-        if self.momentum is not None:  # the corrected momentum served one step
-            self.momentum.restore(self.model.optimizer)
+        momentum_restore(self.model.optimizer)  # the corrected momentum served one step
 
     def on_epoch_end(self, epoch, logs=None):
         if logs is not None:

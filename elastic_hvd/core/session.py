@@ -1,0 +1,89 @@
+"""The training session: one commit point per step, one place where membership changes land.
+
+A collective is a transaction (see :mod:`.comm`), but an optimizer step is made of
+several: one per dtype or fusion buffer, per gradient group, two gathers per
+sparse gradient.  If a rank died between two of them, the first would hold its
+contribution and the second not -- the step would mix two memberships, and the
+data layer could not tell whether the dead rank's samples were trained.  So all
+gradient traffic of a step runs in :meth:`Session.step_transaction`: if the
+membership changed anywhere inside it, the whole of it is run again by the
+survivors on the same local inputs.  Its end is the step's **commit**: the ranks
+whose gradients the step holds are exactly ``comm.ids`` at that moment, the same
+on every survivor, and commit listeners (the data sampler) learn it there.
+
+Membership changes are applied in one place too.  The session exists from
+``init()`` on and the communicator keeps every event, so a handler registered
+late (a callback attached at ``on_train_begin``, after a failure inside the first
+broadcast) still gets every event; handlers are called at step boundaries
+(:meth:`boundary`), event by event, in a fixed order (data, learning rate, log,
+checkpoint...), and each *kind* of handler applies an event once, even if the
+script builds a new callback instance for a second ``fit()``.
+
+What it does not cover: collectives outside a step transaction (metric
+averaging, broadcasts) are each their own transaction, as before.
+"""
+
+from .membership import Listeners
+
+#: Orders in which handlers see an event: the data first (what the next step
+#: trains on), then the learning rate, then whoever reports or saves.
+DATA, LEARNING_RATE, REPORT, CHECKPOINT = 10, 20, 30, 40
+
+
+class Session:
+    """Per-process training bookkeeping above the resilient communicator."""
+
+    def __init__(self, comm):
+        self.comm = comm
+        self.step = 0             # committed optimizer steps, alike on every rank
+        self.lr_factor = 1.0      # product of the learning-rate rescalings so far
+        self.commits = Listeners()  # called with the ids of each committed step
+        self._handlers = {}       # kind -> (order, handler)
+        self._applied = {}        # kind -> number of events that kind has applied
+
+    # -- the step transaction -------------------------------------------------------
+    def step_transaction(self, attempt):
+        """``attempt()`` -- every collective of one optimizer step -- with one membership.
+
+        ``attempt`` must not change its inputs (it may run more than once).  Returns
+        its result, computed by the ranks that are alive when the step commits.
+        """
+        result = self.comm.consistent(attempt)
+        self.step += 1
+        self.commits.notify(self.comm.ids)
+        return result
+
+    # -- membership handlers --------------------------------------------------------
+    def register(self, kind, order, handler):
+        """``handler(event)`` for every membership event (since ``init()``) that no
+        handler of ``kind`` applied yet; replaces an earlier handler of that kind."""
+        self._handlers[kind] = (order, handler)
+
+    def unregister(self, kind):
+        self._handlers.pop(kind, None)
+
+    def boundary(self):
+        """Apply the events not yet applied, each to every handler in order.
+
+        Called between steps (never inside one), on every rank alike."""
+        events = self.comm.events
+        while True:
+            pending = [(order, kind, handler) for kind, (order, handler) in self._handlers.items()
+                       if self._applied.get(kind, 0) < len(events)]
+            if not pending:
+                return
+            first = min(self._applied.get(kind, 0) for _, kind, _ in pending)
+            event = events[first]
+            for order, kind, handler in sorted(pending, key=lambda p: p[0]):
+                if self._applied.get(kind, 0) == first:
+                    self._applied[kind] = first + 1
+                    handler(event)
+
+    # -- state ------------------------------------------------------------------------
+    def state(self):
+        """What a joining process or a checkpoint takes over."""
+        return {"step": self.step, "lr_factor": self.lr_factor, "applied": dict(self._applied)}
+
+    def load_state(self, state):
+        self.step, self.lr_factor = state["step"], state["lr_factor"]
+        self._applied = dict(state["applied"])
