@@ -186,7 +186,8 @@ def exit_status(code, outcomes):
     does a job in which no rank finished.
     """
     if not outcomes:  # not a Python command, or no rank could write to the status directory
-        return code, code and f"the job failed (mpirun exit status {code}); see the ranks' messages above"
+        return code, (f"the job failed (mpirun exit status {code}); see the ranks' messages above"
+                      if code else None)
     ended = [o for o in outcomes if o["code"] is not None]
     if not ended:
         status = code or 1
@@ -196,8 +197,9 @@ def exit_status(code, outcomes):
     if failed:
         status = failed[0]["code"]
         which = ", ".join(f"id {'?' if o['id'] is None else o['id']}: {o['code']}" for o in failed)
-        return status, (f"exit status {status}: the program exited non-zero on {len(failed)} of "
-                        f"the {len(ended)} ranks that finished ({which}; mpirun exit status {code})")
+        return status, (f"exit status {status}: the program exited non-zero on {len(failed)} "
+                        f"of the {len(ended)} ranks that finished ({which}; "
+                        f"mpirun exit status {code})")
     if code:
         return 0, (f"mpirun exited with status {code} for processes lost on the way, but the "
                    f"program exited 0 on all {len(ended)} ranks that finished")
