@@ -2,7 +2,6 @@
 
 import atexit
 import ctypes
-import json
 import os
 import sys
 import threading
@@ -141,12 +140,6 @@ def _leave_together():
             _current.barrier()
         except Exception as exc:  # below min_np, or a failure at the very end
             print(f"elastic_hvd: final barrier failed: {exc}", file=sys.stderr)
-            return
-        status = os.environ.get("ELASTIC_HVD_STATUS_FILE")
-        if status and _current.rank == 0:  # for elastic-hvd-run's exit status
-            with open(status, "w") as f:
-                json.dump({"completed": True, "size": _current.size,
-                           "lost": [i for e in _current.events for i in e.lost]}, f)
 
 
 _exit_status = None

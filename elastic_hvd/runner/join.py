@@ -12,8 +12,10 @@ environment, not the spawning rank's (``-x`` variables would be missing).
 import base64
 import json
 import os
-import runpy
 import sys
+
+from .program import run
+
 
 def main():
     environ = json.loads(base64.b64decode(sys.argv[1]))
@@ -26,14 +28,7 @@ def main():
     with growth.start_up_deadline():
         faults.at_joiner_start()  # a fault planned for this process (tests)
         growth.merge_with_parent(mpi_env.load_mpi())
-
-    if program[:1] == ["-m"]:
-        sys.argv = [program[1], *program[2:]]
-        runpy.run_module(program[1], run_name="__main__", alter_sys=True)
-    else:
-        sys.argv = list(program)
-        sys.path[0] = os.path.dirname(os.path.abspath(program[0]))
-        runpy.run_path(program[0], run_name="__main__")
+    run(program)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+from pathlib import Path
 
 
 def find_mpirun():
@@ -121,11 +122,30 @@ def build_command(args, mpirun=None):
         command = command[1:]
     if command and command[0] in ("python", "python3"):
         command[0] = sys.executable  # the interpreter elastic_hvd is installed in
+    start = program_start(command)
     if args.as_horovod:
-        if not command or "python" not in os.path.basename(command[0]):
+        if start is None:
             raise SystemExit("elastic-hvd-run: --as-horovod needs a `python script.py` command")
-        command[1:1] = ["-m", "elastic_hvd.runner.as_horovod"]
+        command[start:start] = ["-m", "elastic_hvd.runner.as_horovod"]
+    if start is not None:  # each rank records how its program ended (see exit_status)
+        command[start:start] = ["-m", "elastic_hvd.runner.program"]
     return cmd + command
+
+
+def program_start(command):
+    """Where the program (``script.py`` or ``-m module``) starts in a ``python``
+    command, after the interpreter's options; None for other commands and ``-c``."""
+    if not command or "python" not in os.path.basename(command[0]):
+        return None
+    i = 1
+    while i < len(command):
+        arg = command[i]
+        if arg == "-m" or not arg.startswith("-"):
+            return i
+        if arg.startswith("-c") or arg == "-":
+            return None
+        i += 2 if arg in ("-W", "-X", "--check-hash-based-pycs") else 1
+    return None
 
 
 # Text prterun prints when it could not start its own PMIx server.  It happens before
@@ -155,32 +175,56 @@ def run_mpirun(cmd):
     return code, code != 0 and any(text in tail for text in STARTUP_FAILURES)
 
 
+def exit_status(code, outcomes):
+    """The job's exit status from mpirun's ``code`` and the ``outcomes`` the ranks
+    recorded (see :mod:`.program`), and a line that says why (None for a plain 0).
+
+    The script's status, not mpirun's: mpirun --with-ft ulfm says 0 when ranks
+    were killed, even all of them, and non-zero when a spawned process (a joiner)
+    died.  Ranks lost on the way do not fail the job; a rank that finished with a
+    non-zero status does (the lowest original id's status is returned), and so
+    does a job in which no rank finished.
+    """
+    if not outcomes:  # not a Python command, or no rank could write to the status directory
+        return code, (f"the job failed (mpirun exit status {code}); see the ranks' messages above"
+                      if code else None)
+    ended = [o for o in outcomes if o["code"] is not None]
+    if not ended:
+        status = code or 1
+        return status, (f"exit status {status}: no rank completed: all {len(outcomes)} ranks were "
+                        f"lost (killed or crashed; mpirun exit status {code})")
+    failed = sorted((o for o in ended if o["code"]), key=lambda o: (o["id"] is None, o["id"] or 0))
+    if failed:
+        status = failed[0]["code"]
+        which = ", ".join(f"id {'?' if o['id'] is None else o['id']}: {o['code']}" for o in failed)
+        return status, (f"exit status {status}: the program exited non-zero on {len(failed)} "
+                        f"of the {len(ended)} ranks that finished ({which}; "
+                        f"mpirun exit status {code})")
+    if code:
+        return 0, (f"mpirun exited with status {code} for processes lost on the way, but the "
+                   f"program exited 0 on all {len(ended)} ranks that finished")
+    return 0, None
+
+
 def main(argv=None):
     args = parser().parse_args(argv)
     cmd = build_command(args)
     if args.dry_run:
         print(shlex.join(cmd))
         return 0
-    with tempfile.TemporaryDirectory(prefix="elastic_hvd") as tmp:
-        status = os.path.join(tmp, "status.json")
-        cmd[1:1] = ["-x", f"ELASTIC_HVD_STATUS_FILE={status}"]
+    with tempfile.TemporaryDirectory(prefix="elastic_hvd") as status_dir:
+        cmd[1:1] = ["-x", f"ELASTIC_HVD_STATUS_DIR={status_dir}"]
         for attempt in range(1, LAUNCH_ATTEMPTS + 1):
             code, not_started = run_mpirun(cmd)
             if not (not_started and attempt < LAUNCH_ATTEMPTS):
                 break
             print(f"elastic-hvd-run: mpirun could not start (attempt {attempt}); launching again",
                   file=sys.stderr)
-        completed = os.path.exists(status) and json.load(open(status)).get("completed")
-    if code != 0 and completed:
-        # mpirun reports a spawned process that died (a joiner that was lost) as the
-        # job's failure; the survivors finished together, which is what counts.
-        print(f"elastic-hvd-run: mpirun exited with status {code} for processes lost on the "
-              "way, but the job completed on the survivors", file=sys.stderr)
-        return 0
-    if code != 0:
-        print(f"elastic-hvd-run: the job failed (mpirun exit status {code}); "
-              "see the ranks' messages above", file=sys.stderr)
-    return code
+        outcomes = [json.loads(path.read_text()) for path in Path(status_dir).glob("*.json")]
+    status, why = exit_status(code, outcomes)
+    if why:
+        print(f"elastic-hvd-run: {why}", file=sys.stderr)
+    return status
 
 
 if __name__ == "__main__":

@@ -1,0 +1,67 @@
+"""``python -m elastic_hvd.runner.program script.py|-m module [args]``: run a program as
+``python`` would, and record how it ended, for ``elastic-hvd-run``'s exit status.
+
+``elastic-hvd-run`` starts every Python rank through this module, and processes
+spawned to grow the job run it too (they run the ranks' own command line, see
+:func:`elastic_hvd.core.growth.program_argv`).  In ``$ELASTIC_HVD_STATUS_DIR`` each
+process writes ``<host>-<pid>.json``: ``{"id": null, "code": null}`` when it starts,
+then its exit code and original id when the program *ends by itself* (returns or
+calls ``sys.exit``).  A process killed, crashed, or ended by an uncaught exception
+(which the runtime turns into a crash when other ranks go on, see
+``runtime._at_exit``) keeps ``"code": null``: it was lost.  An atexit handler could
+not do this: it does not see ``SystemExit``'s code.
+"""
+
+import json
+import os
+import runpy
+import socket
+import sys
+
+
+def run(argv):
+    """Run ``script.py [args]`` or ``-m module [args]`` as ``python`` would."""
+    if argv[:1] == ["-m"]:
+        sys.argv = argv[1:]
+        runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+    else:
+        sys.argv = list(argv)
+        sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))
+        runpy.run_path(argv[0], run_name="__main__")
+
+
+def exit_code(code):
+    """The process exit status ``SystemExit(code)`` gives (None: 0, text: 1)."""
+    if code is None:
+        return 0
+    return code & 0xFF if isinstance(code, int) else 1
+
+
+def _record(path, code):
+    runtime = sys.modules.get("elastic_hvd.core.runtime")  # imported if the program used it
+    ident = runtime.current().original_id if runtime and runtime.is_initialized() else None
+    with open(path + ".tmp", "w") as f:
+        json.dump({"id": ident, "code": code}, f)
+    os.replace(path + ".tmp", path)
+
+
+def main():
+    if len(sys.argv) < 2:
+        raise SystemExit("usage: python -m elastic_hvd.runner.program script.py|-m module [args]")
+    directory = os.environ.get("ELASTIC_HVD_STATUS_DIR", "")
+    path = os.path.isdir(directory) and os.path.join(  # not on a host that lacks it
+        directory, f"{socket.gethostname()}-{os.getpid()}.json")
+    if path:
+        _record(path, None)
+    try:
+        run(sys.argv[1:])
+    except SystemExit as exc:
+        if path:
+            _record(path, exit_code(exc.code))
+        raise
+    if path:
+        _record(path, 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,85 @@
+"""The job's exit status (issue 10): ``elastic-hvd-run`` returns the script's, and
+the same table run under plain ``mpirun --with-ft ulfm`` pins down what mpirun itself
+reports (measured; the README's "Exit status" section shows both).
+
+Real 4-rank jobs, real SIGKILLs (fault plan, self-kill, the stall watchdog).
+"""
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from elastic_hvd.runner.launch import find_mpirun
+from mpijob import WORKERS, kill_tree, run_job
+
+pytestmark = pytest.mark.multirank
+
+#: keras_callbacks.checkpoint.EXIT_BELOW_MIN_NP (importing it here would import TensorFlow).
+EXIT_BELOW_MIN_NP = 3
+LOST = "no rank completed: all 4 ranks were lost"
+
+# case: (worker arguments, environment, elastic-hvd-run's status, its line, plain mpirun's
+# status, original ids that report, i.e. got through the collectives).  The environment
+# goes to plain mpirun as `-x`; elastic-hvd-run gets the same settings through its flags
+# (FLAGS).
+TABLE = {
+    "all_exit_0": (["ok"], {}, 0, None, 0, [0, 1, 2, 3]),
+    "all_exit_7": (["exit", 7], {}, 7, "non-zero on 4 of the 4 ranks that finished", 7,
+                   [0, 1, 2, 3]),
+    "one_exits_7": (["one_exits", 7], {}, 7, "non-zero on 1 of the 4 ranks that finished (id 1: 7",
+                    7, [0, 1, 2, 3]),
+    "one_killed": (["ok"], {"ELASTIC_HVD_FAULTS": "rank=2,coll=3"}, 0, None, 0, [0, 1, 3]),
+    "all_killed": (["all_killed"], {}, 1, LOST, 0, [0, 1, 2, 3]),
+    # An uncaught exception ends a rank like a crash (runtime._at_exit): the others go on.
+    "one_raises": (["ok"], {"ELASTIC_HVD_FAULTS": "rank=2,coll=3,signal=RAISE"}, 0,
+                   "status 1 for processes lost on the way", 1, [0, 1, 3]),
+    "all_raise": (["ok"], {"ELASTIC_HVD_FAULTS": ";".join(
+        f"rank={r},coll=3,signal=RAISE" for r in range(4))}, 1, LOST, 1, []),
+    "below_min_np": (["below_min", EXIT_BELOW_MIN_NP],
+                     {"ELASTIC_HVD_FAULTS": "rank=2,coll=3", "ELASTIC_HVD_MIN_NP": "4"},
+                     EXIT_BELOW_MIN_NP, "non-zero on 3 of the 3 ranks that finished", 3, []),
+    "stall_kills_all": (["stall"], {"ELASTIC_HVD_STALL_TIMEOUT": "2"}, 1, LOST, 0, []),
+}
+FLAGS = {"ELASTIC_HVD_FAULTS": "--faults", "ELASTIC_HVD_MIN_NP": "--min-np",
+         "ELASTIC_HVD_STALL_TIMEOUT": "--stall-timeout"}
+
+
+@pytest.mark.parametrize("case", list(TABLE))
+def test_elastic_hvd_run_returns_the_scripts_status(tmp_path, case):
+    args, env, status, line, _, reporting = TABLE[case]
+    launcher = [arg for name, value in env.items() for arg in (FLAGS[name], value)]
+    job = run_job("exit_status.py", *args, np=4, launcher=launcher, tmp_path=tmp_path,
+                  timeout=90, expect_rc=None)
+    assert sorted(job.results) == reporting, job.output[-3000:]
+    assert job.returncode == status, job.output[-3000:]
+    printed = [text for text in job.output.splitlines() if text.startswith("elastic-hvd-run:")]
+    if line is None:
+        assert printed == [], job.output[-3000:]
+    else:
+        assert len(printed) == 1 and line in printed[0], job.output[-3000:]
+
+
+@pytest.mark.parametrize("case", list(TABLE))
+def test_plain_mpirun_status_as_measured(tmp_path, case):
+    args, env, _, _, status, reporting = TABLE[case]
+    out = tmp_path / "out"
+    out.mkdir()
+    cmd = [find_mpirun(), "-np", "4", "--with-ft", "ulfm", "--allow-run-as-root",
+           "--oversubscribe", "-x", f"TEST_OUT_DIR={out}"]
+    for name, value in env.items():
+        cmd += ["-x", f"{name}={value}"]
+    cmd += [sys.executable, str(WORKERS / "exit_status.py"), *map(str, args)]
+    started = time.monotonic()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=90)
+    except subprocess.TimeoutExpired:
+        kill_tree(proc)
+        pytest.fail(f"mpirun hung for {time.monotonic() - started:.0f}s: {' '.join(cmd)}")
+    finally:
+        kill_tree(proc)
+    assert sorted(int(p.stem[4:]) for p in out.glob("rank*.json")) == reporting, output[-3000:]
+    assert proc.returncode == status, output[-3000:]

@@ -1,0 +1,39 @@
+"""How a rank's job ends, for the exit-status table (tests/test_exit_status.py).
+
+    python exit_status.py <case> [exit code]
+
+Every rank runs a few resilient collectives, then ends as the case says.  Ranks that
+get through the collectives report their view (see report.py); the faults that kill a
+rank mid-job come from ELASTIC_HVD_FAULTS (the test's plan).
+"""
+
+import os
+import signal
+import sys
+import time
+
+import numpy as np
+
+import report
+from elastic_hvd import core
+from elastic_hvd.core import runtime
+
+COLLECTIVES = 6
+
+case = sys.argv[1]
+comm = core.init()
+if case == "stall":  # no collective call for longer than --stall-timeout
+    time.sleep(60)
+try:
+    for _ in range(COLLECTIVES):
+        comm.allreduce(np.ones(1024, dtype=np.float32))
+except core.RanksBelowMinimumError:
+    runtime.exit_with(int(sys.argv[2]))  # as keras_callbacks' ElasticCheckpoint does
+report.write(comm.original_id, ids=list(comm.ids))
+if case == "exit":
+    sys.exit(int(sys.argv[2]))
+if case == "one_exits" and comm.original_id == 1:
+    sys.exit(int(sys.argv[2]))
+if case == "all_killed":
+    comm.barrier()  # everyone is done, then every rank dies
+    os.kill(os.getpid(), signal.SIGKILL)
