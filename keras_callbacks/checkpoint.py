@@ -67,7 +67,8 @@ class ElasticCheckpoint(tf.keras.callbacks.Callback):
             self.save(epoch + 1, sampler_state=None)
 
     def save(self, resume_epoch, sampler_state=None):
-        """Called on every rank; the lowest live rank writes.  ``resume_epoch`` is where to restart."""
+        """Called on every rank (it counts the save); the lowest live rank writes.
+        ``resume_epoch`` is where to restart."""
         seq, self.saves = self.saves, self.saves + 1
         if runtime.is_initialized() and runtime.current().rank != 0:
             return

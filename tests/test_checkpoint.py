@@ -123,7 +123,8 @@ def test_names_retention_and_restart(tmp_path):
     assert again["name"] == "ckpt-000004-e0005-1"
     for name, digest in before.items():  # unchanged, or deleted once beyond ``keep``
         assert sha(tmp_path / name) in (digest, None) or name == "checkpoint.json"
-    assert [e["name"] for e in files.entries()] == [again["name"], fresh["name"], "ckpt-000004-e0005"]
+    assert [e["name"] for e in files.entries()] == \
+        [again["name"], fresh["name"], "ckpt-000004-e0005"]
     assert not (tmp_path / "ckpt-000005-e0006.weights.h5").exists()  # leftover cleaned
 
 
@@ -184,8 +185,10 @@ def test_elastic_checkpoint_restores_newest_and_a_restart_writes_fresh_names(tmp
         warnings.simplefilter("always")
         assert restarted.restore(fresh) == 3
     assert not [w for w in caught if "Skipping variable loading" in str(w.message)]
-    for a, b in zip(model.get_weights() + [v.numpy() for v in optimizer_variables(model.optimizer)],
-                    fresh.get_weights() + [v.numpy() for v in optimizer_variables(fresh.optimizer)]):
+    def values(m):
+        return m.get_weights() + [v.numpy() for v in optimizer_variables(m.optimizer)]
+
+    for a, b in zip(values(model), values(fresh)):
         np.testing.assert_array_equal(a, b)
     assert restarted.saves == 3  # counts on from the checkpoint
     before, present = committed_hashes(tmp_path), set(os.listdir(tmp_path))
@@ -293,4 +296,5 @@ def test_new_writer_of_the_final_checkpoint_dies_too(tmp_path):
     restarted.save(1)
     assert not set(restarted.files.entries()[0]["files"]) & present
     after = committed_hashes(directory)
-    assert all(after[name] == digest for name, digest in before.items() if name != "checkpoint.json")
+    assert all(after[name] == digest for name, digest in before.items()
+               if name != "checkpoint.json")
