@@ -1,13 +1,19 @@
 """Checkpoints that survive the death of whoever writes them.
 
-The current lowest rank writes (rank 0 may be gone); every file is written to a
-temporary name and renamed, so a crash mid-write leaves the last good checkpoint
-intact.  A checkpoint holds the model's weights, the optimizer's variables, the
-epoch to resume at and, when given, the data sampler's position.
+The current lowest rank writes (rank 0 may be gone).  A checkpoint holds the
+model's weights, the optimizer's variables, the epoch to resume at and, when
+given, the data sampler's position.  How the files are named, written, committed
+and kept is :mod:`keras_callbacks.ckpt_files`: a save never touches the files of
+a committed checkpoint, so a writer that dies at any point (and the one that
+takes over) leaves the last committed checkpoint loadable.  Names come from a
+save counter that every rank counts (restored from the checkpoint, handed to
+joining ranks), never from the writer's own history.
+
+Not guaranteed: if the writer dies during the *final* checkpoint (too few
+ranks), nobody writes it in its place: the previous committed one stays.
 """
 
 import contextlib
-import json
 import os
 import sys
 
@@ -15,6 +21,8 @@ import numpy as np
 import tensorflow as tf
 
 from elastic_hvd.core import runtime
+
+from .ckpt_files import CheckpointFiles
 
 #: Exit status of a job that stopped because too few ranks were left.
 EXIT_BELOW_MIN_NP = 3
@@ -25,18 +33,31 @@ def optimizer_variables(optimizer):
     return list(variables() if callable(variables) else variables)
 
 
-class ElasticCheckpoint(tf.keras.callbacks.Callback):
-    """Save at the end of every ``every`` epochs into ``directory``; ``restore()`` resumes."""
+def _save_optimizer(optimizer, path):
+    with open(path, "wb") as f:
+        np.savez(f, *[v.numpy() for v in optimizer_variables(optimizer)])
 
-    def __init__(self, directory, sampler=None, every=1):
+
+class ElasticCheckpoint(tf.keras.callbacks.Callback):
+    """Save at the end of every ``every`` epochs into ``directory``, keeping the newest
+    ``keep`` committed checkpoints; ``restore()`` resumes from the newest."""
+
+    def __init__(self, directory, sampler=None, every=1, keep=3):
         super().__init__()
+        self.files = CheckpointFiles(directory, keep)
         self.directory, self.sampler, self.every = directory, sampler, every
         self.epoch = 0
-        self.saves = 0
+        self.saves = 0  # saves so far, counted on every rank: the next one's sequence number
 
     @property
     def meta_path(self):
-        return os.path.join(self.directory, "checkpoint.json")
+        return self.files.meta_path
+
+    def live_state(self):  # a rank that joins counts on from here (see ElasticGrowth)
+        return {"saves": self.saves}
+
+    def load_live_state(self, state):
+        self.saves = state["saves"]
 
     def on_epoch_begin(self, epoch, logs=None):
         self.epoch = epoch
@@ -46,48 +67,45 @@ class ElasticCheckpoint(tf.keras.callbacks.Callback):
             self.save(epoch + 1, sampler_state=None)
 
     def save(self, resume_epoch, sampler_state=None):
-        """Write the checkpoint (lowest live rank only); ``resume_epoch`` is where to restart."""
-        if runtime.current("ElasticCheckpoint").rank != 0:
+        """Called on every rank (it counts the save); the lowest live rank writes.
+        ``resume_epoch`` is where to restart."""
+        seq, self.saves = self.saves, self.saves + 1
+        if runtime.is_initialized() and runtime.current().rank != 0:
             return
-        os.makedirs(self.directory, exist_ok=True)
-        tag = f"epoch{resume_epoch:04d}-{self.saves}"
-        weights = os.path.join(self.directory, f"{tag}.weights.h5")
-        self.model.save_weights(weights + ".tmp.weights.h5")
-        os.replace(weights + ".tmp.weights.h5", weights)
-        slots = os.path.join(self.directory, f"{tag}.optimizer.npz")
-        with open(slots + ".tmp", "wb") as f:
-            np.savez(f, *[v.numpy() for v in optimizer_variables(self.model.optimizer)])
-        os.replace(slots + ".tmp", slots)
-        meta = {"epoch": resume_epoch, "weights": os.path.basename(weights),
-                "optimizer": os.path.basename(slots), "sampler": sampler_state}
-        with open(self.meta_path + ".tmp", "w") as f:
-            json.dump(meta, f)
-        os.replace(self.meta_path + ".tmp", self.meta_path)  # the commit point
-        self.saves += 1
+        model = self.model
+        self.files.write(seq, resume_epoch, {
+            "weights": ("weights.h5", model.save_weights),
+            "optimizer": ("optimizer.npz", lambda path: _save_optimizer(model.optimizer, path)),
+        }, {"epoch": resume_epoch, "sampler": sampler_state})
 
     def restore(self, model):
-        """Load the last checkpoint into ``model``; returns the epoch to resume at (0: none).
-        A process joining a running job loads nothing: it receives the live state."""
-        if not os.path.exists(self.meta_path) or runtime.current("restore").joining:
+        """Load the newest committed checkpoint into ``model``; returns the epoch to resume
+        at (0: none).  A process joining a running job loads nothing: it receives the live state."""
+        if runtime.is_initialized() and runtime.current().joining:
             return 0
-        with open(self.meta_path) as f:
-            meta = json.load(f)
-        model.load_weights(os.path.join(self.directory, meta["weights"]))
-        optimizer = model.optimizer
-        if hasattr(optimizer, "build") and not getattr(optimizer, "built", True):
-            optimizer.build(model.trainable_variables)
-        with np.load(os.path.join(self.directory, meta["optimizer"])) as slots:
-            values = [slots[f"arr_{i}"] for i in range(len(slots.files))]
-        variables = optimizer_variables(optimizer)
-        if len(values) == len(variables):
-            for variable, value in zip(variables, values):
-                variable.assign(value)
+        entries = self.files.entries()
+        if not entries:
+            return 0
+        self.saves = max(self.saves, self.files.next_seq(entries))
+        meta = self.files.load(lambda entry: self._read(model, entry))
         if self.sampler is not None:
             if meta.get("sampler"):  # an interrupted epoch: continue where it stopped
                 self.sampler.load_state(meta["sampler"])
             else:  # a finished epoch: the next one starts afresh
                 self.sampler.epoch = meta["epoch"] - 1
         return meta["epoch"]
+
+    def _read(self, model, entry):
+        optimizer = model.optimizer
+        if hasattr(optimizer, "build") and not getattr(optimizer, "built", True):
+            optimizer.build(model.trainable_variables)  # else Keras skips its variables
+        model.load_weights(os.path.join(self.directory, entry["weights"]))
+        with np.load(os.path.join(self.directory, entry["optimizer"])) as slots:
+            values = [slots[f"arr_{i}"] for i in range(len(slots.files))]
+        variables = optimizer_variables(optimizer)
+        if len(values) == len(variables):
+            for variable, value in zip(variables, values):
+                variable.assign(value)
 
     @contextlib.contextmanager
     def final_on_failure(self):
