@@ -99,3 +99,16 @@ def run_job(worker, *args, np=4, timeout=120, faults=None, launcher=(), env=None
     if expect_rc is not None:
         assert job.returncode == expect_rc, f"exit status {job.returncode}\n{output[-6000:]}"
     return job
+
+
+def assert_same_weights_every_step(out):
+    """Every rank has the same weights after each committed step (``stepcheck.py``)."""
+    by_step = {}
+    for path in Path(out).glob("steps*.jsonl"):
+        for line in path.read_text().splitlines():
+            entry = json.loads(line)
+            by_step.setdefault(entry["step"], {}).setdefault(entry["digest"], []).append(
+                (path.stem, entry["epoch"], entry["batch"]))
+    assert by_step, "no step digests written"
+    for step, digests in sorted(by_step.items()):
+        assert len(digests) == 1, f"ranks differ after step {step}: {digests}"

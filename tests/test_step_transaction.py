@@ -10,8 +10,6 @@ and a rank dies between two of them or inside one -- or is SIGKILLed from
 outside at a random moment.  Weights are compared across ranks after every batch.
 """
 
-import collections
-import json
 import os
 import random
 import signal
@@ -19,7 +17,7 @@ import time
 
 import pytest
 
-from mpijob import run_job
+from mpijob import assert_same_weights_every_step, run_job
 
 pytestmark = pytest.mark.multirank
 
@@ -50,10 +48,6 @@ SCENARIOS = {
 }
 
 
-def read_lines(path):
-    return [json.loads(line) for line in open(path)] if path.exists() else []
-
-
 def check(job, out, lost, epochs=EPOCHS):
     results = job.results
     assert sorted(results) == sorted(set(range(4)) - set(lost)), job.output[-4000:]
@@ -63,14 +57,7 @@ def check(job, out, lost, epochs=EPOCHS):
             wrong = {i: c for i, c in enumerate(counter) if c != -epochs}
             assert not wrong, (f"rank {rank}, counter {k}: sample id -> weight (must be "
                                f"{-epochs}: trained once per epoch): {wrong}")
-    # Weights identical on every rank after every batch (not only at the end).
-    by_step = collections.defaultdict(dict)
-    for path in out.glob("steps*.jsonl"):
-        for entry in read_lines(path):
-            by_step[(entry["epoch"], entry["batch"])][path.name] = entry["digest"]
-    assert by_step, "no step digests written"
-    for step, digests in sorted(by_step.items()):
-        assert len(set(digests.values())) == 1, f"ranks differ after step {step}: {digests}"
+    assert_same_weights_every_step(out)
 
 
 @pytest.mark.parametrize("scenario", list(SCENARIOS))

@@ -138,8 +138,10 @@ class CollectivesMixin:
             return out
         return result
 
-    def allgather(self, array):
-        """Concatenate every rank's ``array`` along the first axis (sizes may differ)."""
+    def allgather(self, array, return_counts=False):
+        """Concatenate every rank's ``array`` along the first axis (sizes may differ).
+
+        With ``return_counts``: ``(result, rows of each rank)``, of the same membership."""
         x = _contiguous(array)
         if x.ndim == 0:
             x = x.reshape(1)
@@ -151,7 +153,7 @@ class CollectivesMixin:
             comm.Allgather(np.array([x.shape[0]], dtype=np.int64), rows)
             result = np.empty((int(rows.sum()),) + x.shape[1:], dtype=x.dtype)
             comm.Allgatherv(_as_bytes(x), [_as_bytes(result), rows * row_bytes])
-            return result
+            return (result, rows) if return_counts else result
 
         return self.run(signature, attempt)
 
@@ -266,12 +268,16 @@ class CollectivesMixin:
 
         return self.run(("allgather_object",), attempt)
 
-    def _root(self, ids, root_rank):
-        """Current rank of the root (``root_rank`` among ``ids``); 0 if it is gone."""
+    def root_id(self, ids, root_rank):
+        """Original id of the process acting as root ``root_rank`` of ``ids`` (the ranks
+        when the call began): that process, or the lowest survivor if it is gone."""
         if not 0 <= int(root_rank) < len(ids):
             raise ValueError(f"root rank {root_rank} is out of range for {len(ids)} ranks")
         root_id = ids[int(root_rank)]
-        return self.ids.index(root_id) if root_id in self.ids else 0
+        return root_id if root_id in self.ids else self.ids[0]
+
+    def _root(self, ids, root_rank):
+        return self.ids.index(self.root_id(ids, root_rank))
 
 
 def _alltoall_layout(rows, splits, dest_ids):

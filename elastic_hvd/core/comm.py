@@ -31,10 +31,16 @@ import numpy as np
 
 from . import faults
 from .collectives import CollectivesMixin
-from .errors import MismatchError, RanksBelowMinimumError, RemoteCollectiveError
+from .errors import (ElasticHvdError, MismatchError, RanksBelowMinimumError,
+                     RemoteCollectiveError)
 from .growth import GrowthMixin, JoinOrderError
 from .membership import Listeners, MembershipEvent
 from .signature import SignaturePredictor
+
+#: Signature of the last collective of a process that is done (see ``leave``).
+LEAVE = ("leave",)
+#: Seconds a leaving rank waits for the others before it interrupts whatever they run.
+LEAVE_TIMEOUT = 1.0
 
 # Bits of the agreement flag (MPI_Comm_agree computes their AND over survivors).
 _OK = 1      # the attempt completed on this rank
@@ -60,18 +66,6 @@ class ResilientComm(CollectivesMixin, GrowthMixin):
                                  MPI.ERR_REVOKED)
         self._join, self._quiet, self.joining, self._rehearsing = None, False, False, False
         self._spawns = 0  # spawns this job made (counted alike on every rank; joiners are told)
-        if parent is not None:
-            self._init_joiner(parent)
-            self._procs = {}
-        else:
-            self._comm = comm.Dup()
-            self._comm.Set_errhandler(MPI.ERRORS_RETURN)
-            self.original_id = self._comm.rank
-            self._ids = list(range(self._comm.size))
-            self._procs = dict(enumerate(self._comm.allgather(
-                (socket.gethostname(), os.getpid()))))
-        self._next_id = len(self._ids)
-        self.initial_size = self._comm.size
         self.min_np = int(min_np)
         self.mismatch_timeout = float(mismatch_timeout)
         self.elastic = elastic
@@ -82,8 +76,51 @@ class ResilientComm(CollectivesMixin, GrowthMixin):
         self._heartbeat = heartbeat
         #: What the collectives now running are for (set by callers, recorded in events).
         self.label = ""
+        self._procs = {}
+        if parent is not None:
+            self._init_joiner(parent)
+            self.initial_size = self._comm.size
+        else:
+            self._start(comm)
+        self._next_id = self.initial_size
         if self.size < self.min_np:
             raise RanksBelowMinimumError(self.size, self.min_np, ())
+
+    def _start(self, comm):
+        """Duplicate ``comm`` and learn every rank's host and pid, leaving out ranks
+        that die meanwhile (each outcome agreed, as in a collective)."""
+        MPI = self.MPI
+        started = time.perf_counter()
+        self.original_id, self.initial_size = comm.rank, comm.size
+        ids, base = list(range(comm.size)), comm
+        while True:
+            try:
+                dup = base.Dup()
+            except MPI.Exception:
+                dup = None
+            if self._agree(base, 1 if dup is not None else 0) == 1:
+                break
+            if dup is not None:
+                self._free(dup)
+            shrunk = self._shrink(base)
+            positions = shrunk.Get_group().Translate_ranks(list(range(shrunk.size)),
+                                                           base.Get_group())
+            ids = [ids[p] for p in positions]
+            if base is not comm:
+                self._free(base)
+            base = shrunk
+        if base is not comm:
+            self._free(base)
+        dup.Set_errhandler(MPI.ERRORS_RETURN)
+        self._comm, self._ids = dup, ids
+        if len(ids) < comm.size:
+            self.events.append(MembershipEvent(
+                old_size=comm.size, new_size=len(ids),
+                lost=tuple(sorted(set(range(comm.size)) - set(ids))),
+                detect_s=time.perf_counter() - started, sequence=1, during="init"))
+        where = (socket.gethostname(), os.getpid())
+        everyone = self.run(None, lambda c: c.allgather(where))
+        self._procs.update(zip(self._ids, everyone))
 
     # -- membership ---------------------------------------------------------------
     @property
@@ -165,15 +202,18 @@ class ResilientComm(CollectivesMixin, GrowthMixin):
             started = time.perf_counter()
             comm = self._comm
             if signature is not None and not self._predictor.expects(signature):
-                pre = self._agree(comm, _OK | _CLEAN | _PRE, self.mismatch_timeout)
+                pre = self._agree(comm, _OK | _CLEAN | _PRE,
+                                  LEAVE_TIMEOUT if signature == LEAVE else self.mismatch_timeout)
                 if pre is None:
                     self._repair(started)
                     continue
                 if pre & _POST or not pre & _PRE:
                     self._mismatch(signature)
+                    continue
                 signatures = self.run(None, lambda c: c.allgather(signature))
                 if any(s != signature for s in signatures):
-                    raise MismatchError(signatures)
+                    self._differ(signature, signatures)
+                    continue
                 comm = self._comm  # the exchange may have repaired it
             flag, result, error = self._attempt(comm, attempt)
             if signature is not None:
@@ -184,6 +224,7 @@ class ResilientComm(CollectivesMixin, GrowthMixin):
                 continue
             if agreed & _PRE or not agreed & _POST:
                 self._mismatch(signature)
+                continue
             if agreed & _OK:
                 if signature is not None:
                     self._predictor.record(signature)
@@ -224,7 +265,12 @@ class ResilientComm(CollectivesMixin, GrowthMixin):
         except self.MPI.Exception as exc:
             if exc.Get_error_class() in self._failure_classes:
                 return None
-            raise
+            # Any other error is this rank's alone: the others may hold an agreed
+            # value.  Revoke, so that none of them goes on with this rank unawares
+            # (their next collective repairs), and raise here.
+            self._revoke(comm)
+            raise ElasticHvdError(f"MPI_Comm_agree failed on rank {comm.rank}: "
+                                  f"{exc.Get_error_string()}") from exc
 
     def _free(self, comm):
         """Free a communicator we are done with; one with dead members may refuse."""
@@ -247,8 +293,7 @@ class ResilientComm(CollectivesMixin, GrowthMixin):
         detected = time.perf_counter()
         old, old_ids = self._comm, self._ids
         self._revoke(old)
-        new = old.Shrink()
-        new.Set_errhandler(MPI.ERRORS_RETURN)
+        new = self._shrink(old)
         positions = new.Get_group().Translate_ranks(list(range(new.size)), old.Get_group())
         self._comm, self._ids = new, [old_ids[p] for p in positions]
         repaired = time.perf_counter()
@@ -269,6 +314,17 @@ class ResilientComm(CollectivesMixin, GrowthMixin):
             self._below_min = RanksBelowMinimumError(new.size, self.min_np,
                                                      [i for e in self.events for i in e.lost])
             raise self._below_min
+
+    def _shrink(self, comm):
+        """``comm.Shrink()``: the survivors.  ULFM completes it uniformly despite
+        failures; any other error is a broken MPI, said plainly."""
+        try:
+            new = comm.Shrink()
+        except self.MPI.Exception as exc:
+            raise ElasticHvdError(f"cannot repair the communicator: MPI_Comm_shrink failed on "
+                                  f"rank {comm.rank}: {exc.Get_error_string()}") from exc
+        new.Set_errhandler(self.MPI.ERRORS_RETURN)
+        return new
 
     def _fence(self, lost):
         """Make sure evicted processes are gone (a hung rank must not come back).
@@ -297,8 +353,31 @@ class ResilientComm(CollectivesMixin, GrowthMixin):
 
     # -- errors every rank raises ---------------------------------------------------
     def _mismatch(self, signature):
+        """Ranks called different collectives: raise MismatchError on all of them --
+        unless some of them are *leaving* (see :meth:`leave`): those raise
+        :class:`LeftEarly` and exit, and the others return to retry their call, in
+        which the leavers are found gone like any lost rank."""
         self._repair(time.perf_counter())  # drop whatever a mismatched transfer left
-        raise MismatchError(self.run(None, lambda c: c.allgather(signature)))
+        self._differ(signature, self.run(None, lambda c: c.allgather(signature)))
+
+    def _differ(self, signature, signatures):
+        leaving = [s == LEAVE for s in signatures]
+        if not any(leaving) or all(leaving):
+            raise MismatchError(signatures)
+        if signature == LEAVE:
+            raise LeftEarly(sum(leaving), len(signatures))
+
+    def leave(self):
+        """The last collective of a process that is done (``atexit``).
+
+        When every rank leaves it is a barrier, so that all finalize together.  A
+        rank that leaves while others go on training (it returned, called
+        ``sys.exit`` or ran a SIGTERM handler that did) announces it: the others'
+        collective is interrupted within :data:`LEAVE_TIMEOUT`, the signatures show
+        who leaves, this rank raises :class:`LeftEarly` (and exits without meeting
+        anyone again) and the others continue without it, as after a crash but
+        with no detection delay and no ``MismatchError``."""
+        self.run(LEAVE, lambda comm: comm.Barrier())
 
     def _raise_application_error(self, error):
         self._repair(time.perf_counter())  # the failing rank revoked the communicator
@@ -306,8 +385,19 @@ class ResilientComm(CollectivesMixin, GrowthMixin):
         messages = self.run(None, lambda c: c.allgather(text))
         if error is not None:
             raise error
-        rank, text = next((r, m) for r, m in enumerate(messages) if m is not None)
-        raise RemoteCollectiveError(f"the collective failed on rank {rank}: {text}")
+        failed = [(r, m) for r, m in enumerate(messages) if m is not None]
+        if not failed:  # the rank that had the error died before it could say which
+            raise RemoteCollectiveError("the collective failed on a rank that was lost "
+                                        "before it could report the error")
+        raise RemoteCollectiveError(f"the collective failed on rank {failed[0][0]}: "
+                                    f"{failed[0][1]}")
+
+
+class LeftEarly(Exception):
+    """This process left while other ranks go on training (see ``ResilientComm.leave``)."""
+
+    def __init__(self, leaving, size):
+        super().__init__(f"{leaving} of {size} ranks left while the others go on training")
 
 
 def _wait(request, timeout):

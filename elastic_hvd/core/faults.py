@@ -18,7 +18,8 @@ list of ``key=value``::
 ``signal``
     ``KILL`` (default), ``TERM``, ``STOP``, ``SEGV``… any ``signal.SIG*`` name, or
     ``RAISE`` to raise :class:`FaultInjected` (a Python exception in user code), or
-    ``EXIT`` to call ``os._exit(1)``.  ``RAISE`` ignores ``delay``.
+    ``SYSEXIT`` to raise ``SystemExit(0)`` (the program ends cleanly, mid-job), or
+    ``EXIT`` to call ``os._exit(1)``.  ``RAISE`` and ``SYSEXIT`` ignore ``delay``.
 ``delay``
     seconds to wait before the signal; with ``coll`` the signal then arrives from a
     helper thread *while* the collective runs (e.g. in the middle of a transfer).
@@ -60,6 +61,8 @@ class Fault:
     def fire(self):
         if self.signal == "RAISE":  # an exception must come from the caller's thread
             raise FaultInjected(f"injected fault on original rank {self.rank}")
+        if self.signal == "SYSEXIT":
+            raise SystemExit(0)
         if self.delay > 0:
             threading.Thread(target=self._deliver, args=(self.delay,), daemon=True).start()
         else:
@@ -109,7 +112,7 @@ def parse(spec):
             raise ValueError(f"{ENV}: give exactly one of coll=, step= or spawn= in {entry!r}")
         if fields.get("phase", "before") not in ("before", "after"):
             raise ValueError(f"{ENV}: phase must be before or after in {entry!r}")
-        if sig not in ("RAISE", "EXIT") and not hasattr(_signal, "SIG" + sig):
+        if sig not in ("RAISE", "SYSEXIT", "EXIT") and not hasattr(_signal, "SIG" + sig):
             raise ValueError(f"{ENV}: unknown signal {sig!r} in {entry!r}")
         faults.append(Fault(
             rank=int(fields["rank"]),

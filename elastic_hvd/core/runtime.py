@@ -7,8 +7,8 @@ import sys
 import threading
 
 from . import faults, growth
-from .comm import ResilientComm
-from .errors import NotInitializedError
+from .comm import LeftEarly, ResilientComm
+from .errors import ElasticHvdError, NotInitializedError
 from .heartbeat import Heartbeat
 from .mpi_env import ft_enabled, heartbeat_settings, load_mpi, ulfm_compiled
 from .session import Session
@@ -41,6 +41,12 @@ def init(comm=None, *, min_np=None, mismatch_timeout=None, stall_timeout=None):
     if _current is not None:
         return _current
     MPI = load_mpi()
+    if MPI.Query_thread() < MPI.THREAD_MULTIPLE:  # our heartbeat and spawn threads call MPI
+        raise ElasticHvdError(
+            "MPI was initialized without MPI_THREAD_MULTIPLE (mpi4py.MPI was imported before "
+            "elastic_hvd, with mpi4py.rc.thread_level below 'multiple'); elastic_hvd calls MPI "
+            "from more than one thread. Import elastic_hvd first, or set "
+            "mpi4py.rc.thread_level = 'multiple' before importing mpi4py.MPI")
     base = MPI.COMM_WORLD
     if comm is not None and not isinstance(comm, MPI.Comm):
         ranks = sorted(int(r) for r in comm)
@@ -130,14 +136,20 @@ def _leave_together():
 
     A rank that finalizes long before another stops answering heartbeats, and the
     late rank's detector then declares it dead and hangs in ``MPI_Finalize``.
-    A last (resilient) barrier lets everyone finalize at the same moment.
+    A last (resilient) collective lets everyone finalize at the same moment; a
+    rank that leaves while the others still train exits at once instead, after
+    telling them (``ResilientComm.leave``).
     """
     if _current is not None:
         _current.abandon_join()
         if _current.joining:  # never joined: not a member, nobody waits for it
             return
         try:
-            _current.barrier()
+            _current.leave()
+        except LeftEarly as exc:
+            print(f"elastic_hvd: rank {_current.rank} (original {_current.original_id}) leaves "
+                  f"the job; the other ranks go on without it ({exc})", file=sys.stderr, flush=True)
+            os._exit(_exit_status or 0)
         except Exception as exc:  # below min_np, or a failure at the very end
             print(f"elastic_hvd: final barrier failed: {exc}", file=sys.stderr)
 

@@ -294,15 +294,16 @@ def _grouped_allreduce(tensors, op, prescale_factor=1.0, postscale_factor=1.0, n
     return list(reduce(*tensors))
 
 
-def _allgather_with_size(tensor, name):
-    """(gathered, live size at the time of the gather) for one tensor."""
+def _allgather_raw(tensor, name):
+    """(gathered, first row of this rank's part in it), both of the same membership."""
     def fn(x):
         comm = _comm()
-        return comm.allgather(x), np.int32(comm.size)
+        gathered, rows = comm.allgather(x, return_counts=True)
+        return gathered, rows[:comm.rank].sum()
 
-    gathered, size = _numpy_op(name, fn, [tensor], [tensor.dtype, tf.int32])
+    gathered, start = _numpy_op(name, fn, [tensor], [tensor.dtype, tf.int64])
     gathered.set_shape(tf.TensorShape([None]).concatenate(tensor.shape[1:]))
-    return gathered, size
+    return gathered, start
 
 
 def _allgather(tensor, name=None):
@@ -310,15 +311,13 @@ def _allgather(tensor, name=None):
 
     @tf.custom_gradient
     def gather(x):
-        y, _ = _allgather_with_size(x, name)
+        y, start = _allgather_raw(x, name)
 
         def grad(dy):
-            # Sum the gradients of every rank, then keep the rows this rank gave.
+            # Sum the gradients of every rank, then keep the rows this rank gave -- where
+            # they were in the forward gather, even if ranks were lost since.
             summed = _grouped_allreduce_raw([dy], Sum, 1.0, 1.0, name + "_grad")[0]
-            rows = _allgather_with_size(tf.shape(x)[:1], name + "_grad_rows")[0]
-            me = rank_op()
-            start = tf.reduce_sum(rows[:me])
-            return summed[start:start + rows[me]]
+            return summed[start:start + tf.shape(x, out_type=tf.int64)[0]]
         return y, grad
 
     return gather(tensor)
@@ -327,17 +326,23 @@ def _allgather(tensor, name=None):
 def _broadcast(tensor, root_rank, name=None):
     name = name or "HorovodBroadcast"
 
-    def raw(x):
-        y = _numpy_op(name, lambda a: _comm().broadcast(a, root_rank=root_rank), [x], x.dtype)
-        y.set_shape(x.shape)
-        return y
+    def fn(a):
+        comm = _comm()
+        ids = comm.ids
+        result = comm.broadcast(a, root_rank=root_rank)
+        return result, np.bool_(comm.root_id(ids, root_rank) == comm.original_id)
 
     @tf.custom_gradient
     def bcast(x):
+        y, was_root = _numpy_op(name, fn, [x], [x.dtype, tf.bool])
+        y.set_shape(x.shape)
+
         def grad(dy):
+            # The root of the forward pass gets the sum: the same process even if
+            # ranks were lost (and renumbered) since.
             summed = _grouped_allreduce_raw([dy], Sum, 1.0, 1.0, name + "_grad")[0]
-            return tf.where(tf.equal(rank_op(), root_rank), summed, tf.zeros_like(summed))
-        return raw(x), grad
+            return tf.where(was_root, summed, tf.zeros_like(summed))
+        return y, grad
 
     return bcast(tensor)
 
@@ -367,11 +372,6 @@ def local_rank_op(name=None):
 
 def process_set_included_op(process_set_id=0, name=None):
     return tf.constant(1, dtype=tf.int32)
-
-
-def allgather_rows(tensor, name):
-    """Gather of a 1-D tensor of row counts (helper for IndexedSlices and splits)."""
-    return _allgather_with_size(tensor, name)[0]
 
 
 def alltoall_raw(tensor, splits, name):

@@ -19,6 +19,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import tensorflow as tf  # noqa: E402
 
 import report  # noqa: E402
+from stepcheck import StepDigests  # noqa: E402
 import elastic_hvd.tensorflow.keras as hvd  # noqa: E402
 import keras_callbacks as kc  # noqa: E402
 from elastic_hvd.core import runtime  # noqa: E402
@@ -47,6 +48,8 @@ class SlowSteps(tf.keras.callbacks.Callback):
 
 
 def main(epochs):
+    if os.environ.get("TEST_SIGTERM_EXITS"):  # what a preempted spot instance's script does
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     hvd.init()
     comm = runtime.current()
     rng = np.random.default_rng(0)
@@ -75,7 +78,7 @@ def main(epochs):
         kc.fit_elastic(model, dataset, epochs, initial_epoch=initial_epoch, verbose=0, callbacks=[
             hvd.callbacks.BroadcastGlobalVariablesCallback(0), kc.FaultInjection(), rescaler,
             log, checkpoint, hvd.callbacks.MetricAverageCallback(), kc.RankZeroProgbar(),
-            kc.ElasticGrowth(sampler), SlowSteps()])
+            kc.ElasticGrowth(sampler), SlowSteps(), StepDigests(comm.original_id)])
     loss = float(np.mean((model.predict(x, verbose=0) - y) ** 2))
     report.write(comm.original_id, ids=list(comm.ids), events=log.records,
                  lr=float(model.optimizer.learning_rate.numpy()), loss=loss,

@@ -17,10 +17,9 @@ Each rank also writes a digest of its weights after every batch
 (``TEST_OUT_DIR/steps<id>.jsonl``) so that the test can compare ranks step by step.
 """
 
-import hashlib
-import json
 import os
 import sys
+import time
 
 import numpy as np
 
@@ -28,6 +27,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import tensorflow as tf  # noqa: E402
 
 import report  # noqa: E402
+from stepcheck import StepDigests  # noqa: E402
 import elastic_hvd.tensorflow.keras as hvd  # noqa: E402
 import keras_callbacks as kc  # noqa: E402
 from elastic_hvd.core import runtime  # noqa: E402
@@ -89,25 +89,6 @@ class WeightedSum(keras.losses.Loss):
         return y_pred
 
 
-class StepDigests(keras.callbacks.Callback):
-    """Weights digest after every batch, keyed by (epoch, batch)."""
-
-    def __init__(self, path):
-        super().__init__()
-        self.path, self.epoch = path, 0
-
-    def on_epoch_begin(self, epoch, logs=None):
-        self.epoch = epoch
-
-    def on_train_batch_end(self, batch, logs=None):
-        h = hashlib.sha256()
-        for w in self.model.get_weights():
-            h.update(np.ascontiguousarray(w).tobytes())
-        with open(self.path, "a") as f:
-            f.write(json.dumps({"epoch": self.epoch, "batch": batch, "pid": os.getpid(),
-                                "digest": h.hexdigest()}) + "\n")
-
-
 def main(case, epochs):
     hvd.init()
     comm = runtime.current()
@@ -121,10 +102,10 @@ def main(case, epochs):
          tf.TensorSpec([None], tf.float32)))
     model = build(case)
     slow = float(os.environ.get("TEST_STEP_SLEEP", 0))
-    callbacks = [kc.FaultInjection(), StepDigests(os.path.join(OUT, f"steps{comm.original_id}.jsonl"))]
+    callbacks = [kc.FaultInjection(), StepDigests(comm.original_id)]
     if slow:
         callbacks.append(keras.callbacks.LambdaCallback(
-            on_train_batch_end=lambda *_: __import__("time").sleep(slow)))
+            on_train_batch_end=lambda batch, logs=None: time.sleep(slow)))
     kc.fit_elastic(model, dataset, epochs, verbose=0, callbacks=callbacks)
     report.write(comm.original_id, ids=list(comm.ids), step=runtime.session().step,
                  requeued=sampler.requeued,
