@@ -214,7 +214,7 @@ class Heartbeat:
             who = _who()
             if now - self._peer_waiting < 3 * poll + 1.0:
                 print(f"elastic_hvd: {who} made no progress (no collective, no "
-                      f"heartbeat.progress()) for {idle:.0f}s > stall timeout "
+                      f"heartbeat.progress()) for {idle:.1f}s > stall timeout "
                       f"{self._stall_timeout:g}s while other ranks wait for it: assuming it "
                       "hangs and killing it so that the others can go on",
                       file=sys.stderr, flush=True)
@@ -222,7 +222,7 @@ class Heartbeat:
                 os.kill(os.getpid(), signal.SIGKILL)
             elif not warned:
                 warned = True
-                print(f"elastic_hvd: {who} made no progress for {idle:.0f}s > stall timeout "
+                print(f"elastic_hvd: {who} made no progress for {idle:.1f}s > stall timeout "
                       f"{self._stall_timeout:g}s, but no other rank is waiting for it (the "
                       "whole job is busy or stalled): not killing it",
                       file=sys.stderr, flush=True)
