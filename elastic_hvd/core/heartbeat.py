@@ -1,60 +1,258 @@
-"""A background thread that keeps Open MPI's failure detector beating.
+"""Liveness: MPI progress that needs no GIL, and a stall watchdog that counts progress.
 
-Open MPI's heartbeat detector only runs inside MPI progress.  Without help, a rank
-that computes for longer than the heartbeat timeout outside MPI (a slow first
-step, a long batch) is declared dead by peers waiting in a collective.  Open MPI's
-own ``mpi_ft_detector_thread`` would fix that but, measured here with Open MPI
-5.0.11, it crashed ``MPI_Init`` now and then and hung ``MPI_Finalize`` on 4 ranks.
-So this thread drives MPI progress (a cheap ``Iprobe``) a few times per heartbeat
-period instead, and stops before MPI is finalized.
+**Heartbeats without the GIL.**  Open MPI's heartbeat detector (``mpi_ft_detector``)
+sends and checks heartbeats only while something drives MPI progress.  A Python
+thread calling ``Iprobe`` (what we did before) needs the GIL, so a rank inside a
+long C call that holds the GIL (a big ``re`` match, a C extension that never
+releases it) stopped beating and was evicted -- and SIGKILLed by the fence --
+although it was alive.  Open MPI's own ``mpi_ft_detector_thread`` is unusable in
+5.0.11 (it crashes ``MPI_Init`` now and then and hangs ``MPI_Finalize``; see
+docs/liveness.md).  So :class:`NativeProgress` builds the progress loop out of
+native parts only: a private libevent base with a persistent timer whose callback
+is ``opal_progress`` itself, run by ``event_base_dispatch`` through ctypes.  ctypes
+releases the GIL for the duration of a foreign call, and that call only returns
+when we stop it: the loop sleeps in ``epoll_wait`` and calls ``opal_progress``
+every ``period / 10`` without ever touching Python.  A stopped (SIGSTOP) or
+frozen process stops beating, which is what the detector is for.
 
-It also hosts the optional stall watchdog: a process whose main thread stays
-out of every collective for ``stall_timeout`` seconds (a deadlock, an endless
-loop) kills itself, turning a silent hang into a crash that the survivors detect
-in milliseconds.  SIGSTOP needs no watchdog: a stopped process stops beating.
+**Stall watchdog** (``stall_timeout`` > 0, off by default): a rank that made no
+*progress* -- no collective and no :func:`progress` tick -- for ``stall_timeout``
+seconds while at least one other rank is waiting for it in a collective is
+assumed to hang (a deadlock, an endless loop); it prints one line to stderr and
+SIGKILLs itself, which the others detect in milliseconds and repair.  A rank
+waiting inside a collective is never "stalled".  When *no* rank waits (the whole
+job is busy, or the whole job hangs), killing would end the job without helping
+anyone: the rank prints a warning instead and is not killed.  Ranks tell each
+other that they wait with small messages on a communicator of their own, sent by
+the watchdog thread (this part is Python, so it needs the GIL: a rank that hangs
+*holding* the GIL cannot be killed by its watchdog; its heartbeats go on).
 """
 
 import atexit
+import ctypes
 import os
 import signal
 import sys
 import threading
 import time
 
+_instance = None
 
-class Heartbeat:
-    def __init__(self, MPI, period, stall_timeout=0.0):
-        self._comm = MPI.COMM_SELF.Dup()
-        self._interval = period / 4
-        self._stall_timeout = float(stall_timeout)
-        self._stop = threading.Event()
-        self._last_activity = time.monotonic()
-        self._in_collective = 0
-        self._thread = threading.Thread(target=self._loop, name="elastic_hvd-heartbeat",
-                                        daemon=True)
+
+def progress():
+    """Tell the stall watchdog that this rank makes progress (cheap; any thread).
+
+    Call it from a training loop that computes for longer than the stall timeout
+    between collectives.  Collectives count as progress by themselves.
+    """
+    if _instance is not None:
+        _instance.tick()
+
+
+def _loaded_library(prefix):
+    """Path of an already loaded shared library whose file name starts with ``prefix``."""
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            path = line.split()[-1]
+            if os.path.basename(path).startswith(prefix):
+                return path
+    return None
+
+
+class _Timeval(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_usec", ctypes.c_long)]
+
+
+_EV_PERSIST = 0x10
+
+
+class NativeProgress:
+    """Calls Open MPI's ``opal_progress`` every ``interval`` seconds from native code.
+
+    Raises OSError/AttributeError where the libraries are not Open MPI's (the
+    caller then falls back to a Python thread).
+    """
+
+    def __init__(self, interval):
+        pal_path, ev_path = _loaded_library("libopen-pal.so"), _loaded_library("libevent_core")
+        if not pal_path or not ev_path:
+            raise OSError("libopen-pal / libevent_core are not loaded (not Open MPI?)")
+        pal, ev = ctypes.CDLL(pal_path), ctypes.CDLL(ev_path)
+        ev.event_base_new.restype = ctypes.c_void_p
+        ev.event_new.restype = ctypes.c_void_p
+        ev.event_new.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_short,
+                                 ctypes.c_void_p, ctypes.c_void_p]
+        ev.event_add.argtypes = [ctypes.c_void_p, ctypes.POINTER(_Timeval)]
+        for name in ("event_base_dispatch", "event_base_loopbreak", "event_base_free",
+                     "event_free"):
+            getattr(ev, name).argtypes = [ctypes.c_void_p]
+        self._ev = ev
+        self._base = ev.event_base_new()
+        if not self._base:
+            raise OSError("event_base_new failed")
+        # opal_progress(void) as the event callback (fd, events, arg): on the C ABIs
+        # we run on, extra arguments in registers are simply ignored by the callee.
+        callback = ctypes.cast(pal.opal_progress, ctypes.c_void_p)
+        self._event = ev.event_new(self._base, -1, _EV_PERSIST, callback, None)
+        seconds = max(float(interval), 0.005)
+        self._tv = _Timeval(int(seconds), int((seconds - int(seconds)) * 1e6))
+        if not self._event or ev.event_add(self._event, ctypes.byref(self._tv)) != 0:
+            raise OSError("could not arm the progress timer")
+        # The whole life of this thread is one foreign call: the GIL is released.
+        self._thread = threading.Thread(target=ev.event_base_dispatch, args=(self._base,),
+                                        name="elastic_hvd-progress", daemon=True)
         self._thread.start()
-        atexit.register(self.stop)
 
-    def enter(self):
-        """The main thread starts a collective."""
-        self._in_collective += 1
+    def stop(self):
+        if self._base is None:
+            return
+        self._ev.event_base_loopbreak(self._base)  # seen at the next timer at the latest
+        self._thread.join(5.0)
+        if not self._thread.is_alive():
+            self._ev.event_free(self._event)
+            self._ev.event_base_free(self._base)
+        self._base = None
 
-    def leave(self):
-        self._in_collective -= 1
-        self._last_activity = time.monotonic()
 
-    def _loop(self):
-        while not self._stop.wait(self._interval):
+class _PythonProgress:
+    """Fallback for an MPI that is not Open MPI: Iprobe from a Python thread (needs the GIL)."""
+
+    def __init__(self, MPI, interval):
+        self._comm = MPI.COMM_SELF.Dup()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, args=(interval,),
+                                        name="elastic_hvd-progress", daemon=True)
+        self._thread.start()
+
+    def _loop(self, interval):
+        while not self._stop.wait(interval):
             self._comm.Iprobe()
-            if (self._stall_timeout and not self._in_collective
-                    and time.monotonic() - self._last_activity > self._stall_timeout):
-                print(f"elastic_hvd: process {os.getpid()} made no collective call for "
-                      f"{self._stall_timeout:.0f}s (ELASTIC_HVD_STALL_TIMEOUT): assuming it "
-                      "hangs and killing it so that the other ranks can go on",
-                      file=sys.stderr, flush=True)
-                os.kill(os.getpid(), signal.SIGKILL)
 
     def stop(self):
         self._stop.set()
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join()
+
+
+_WAITING_TAG = 0x5EA1  # "I am waiting in a collective", on the watchdog's communicator
+
+
+class Heartbeat:
+    """GIL-free MPI progress plus the optional stall watchdog (see module doc).
+
+    ``comm``: the communicator the ranks work on; the watchdog duplicates it
+    (collectively, at construction) to tell other ranks that it waits.
+    """
+
+    def __init__(self, MPI, period, stall_timeout=0.0, comm=None):
+        global _instance
+        self._MPI = MPI
+        self._stall_timeout = float(stall_timeout or 0.0)
+        self._last_progress = time.monotonic()
+        self._in_collective = 0
+        self._entered = None
+        self._stop = threading.Event()
+        interval = period / 10  # as Open MPI's own detector thread wakes up
+        try:
+            self._progress = NativeProgress(interval)
+            self.native = True
+        except (OSError, AttributeError) as exc:
+            print(f"elastic_hvd: no GIL-free MPI progress ({exc}); a rank that holds the GIL "
+                  "longer than the heartbeat timeout will be declared dead", file=sys.stderr)
+            self._progress = _PythonProgress(MPI, interval)
+            self.native = False
+        self._watchdog = None
+        if self._stall_timeout > 0:
+            self._comm = (comm if comm is not None else MPI.COMM_WORLD).Dup()
+            self._comm.Set_errhandler(MPI.ERRORS_RETURN)
+            self._peer_waiting = -1e9  # when we last heard that another rank waits
+            self._watchdog = threading.Thread(target=self._watch, name="elastic_hvd-watchdog",
+                                              daemon=True)
+            self._watchdog.start()
+        _instance = self
+        atexit.register(self.stop)
+
+    # -- what the main thread tells us --------------------------------------------
+    def enter(self):
+        """The main thread starts a collective (that is progress)."""
+        self._in_collective += 1
+        self._entered = self._last_progress = time.monotonic()
+
+    def leave(self):
+        self._in_collective -= 1
+        self._last_progress = time.monotonic()
+
+    def tick(self):
+        self._last_progress = time.monotonic()
+
+    # -- the watchdog ---------------------------------------------------------------
+    def _watch(self):
+        MPI, comm = self._MPI, self._comm
+        import numpy as np
+        inbox, outbox = np.zeros(1, dtype=np.intc), np.ones(1, dtype=np.intc)
+        sends, last_told, warned = [], 0.0, False
+        poll = min(0.5, self._stall_timeout / 4)
+        while not self._stop.wait(poll):
+            now = time.monotonic()
+            try:
+                while comm.Iprobe(MPI.ANY_SOURCE, _WAITING_TAG):
+                    comm.Recv(inbox, MPI.ANY_SOURCE, _WAITING_TAG)
+                    self._peer_waiting = now
+                sends = [r for r in sends if not _done(r)]
+                if (self._in_collective and now - self._entered > min(1.0, self._stall_timeout / 2)
+                        and now - last_told >= min(1.0, self._stall_timeout / 3)):
+                    last_told = now
+                    for peer in range(comm.size):
+                        if peer != comm.rank:
+                            sends.append(comm.Isend(outbox, peer, _WAITING_TAG))
+            except MPI.Exception:
+                pass  # a dead peer; the main thread deals with failures
+            idle = now - self._last_progress
+            if self._in_collective or idle <= self._stall_timeout:
+                warned = False
+                continue
+            who = _who()
+            if now - self._peer_waiting < 3 * poll + 1.0:
+                print(f"elastic_hvd: {who} made no progress (no collective, no "
+                      f"heartbeat.progress()) for {idle:.1f}s > stall timeout "
+                      f"{self._stall_timeout:g}s while other ranks wait for it: assuming it "
+                      "hangs and killing it so that the others can go on",
+                      file=sys.stderr, flush=True)
+                time.sleep(0.3)  # let the launcher forward the line before we vanish
+                os.kill(os.getpid(), signal.SIGKILL)
+            elif not warned:
+                warned = True
+                print(f"elastic_hvd: {who} made no progress for {idle:.1f}s > stall timeout "
+                      f"{self._stall_timeout:g}s, but no other rank is waiting for it (the "
+                      "whole job is busy or stalled): not killing it",
+                      file=sys.stderr, flush=True)
+
+    def stop(self):
+        """Stop the watchdog and the progress loop (before MPI is finalized)."""
+        global _instance
+        self._stop.set()
+        if self._watchdog is not None and self._watchdog.is_alive() \
+                and threading.current_thread() is not self._watchdog:
+            self._watchdog.join()
+        self._progress.stop()
+        if _instance is self:
+            _instance = None
+
+
+def _done(request):
+    try:
+        return request.Test()
+    except Exception:
+        return True
+
+
+def _who():
+    """'rank R (original rank I, pid P)' as far as known."""
+    try:
+        from . import runtime
+        comm = runtime._current
+        if comm is not None:
+            return f"rank {comm.rank} (original rank {comm.original_id}, pid {os.getpid()})"
+    except Exception:
+        pass
+    return f"process {os.getpid()}"

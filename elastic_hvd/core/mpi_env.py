@@ -11,9 +11,13 @@ import os
 
 #: Heartbeat period and timeout (seconds) of Open MPI's failure detector.  A crash
 #: is reported by the runtime within milliseconds; the heartbeat is what catches a
-#: *hung* rank (SIGSTOP, deadlock).  Open MPI requires timeout > 3 * period.
-DEFAULT_HEARTBEAT_PERIOD = 0.5
-DEFAULT_HEARTBEAT_TIMEOUT = 2.0
+#: *frozen* rank (SIGSTOP, a stuck node).  Heartbeats need no GIL (see .heartbeat),
+#: so a busy rank keeps beating; the 10 s default still leaves room for a process
+#: that the OS does not schedule for a while (overloaded host, swapping).  For fast
+#: hang detection use period 0.5 / timeout 2 (docs/liveness.md).  Open MPI
+#: requires timeout > 3 * period.
+DEFAULT_HEARTBEAT_PERIOD = 1.0
+DEFAULT_HEARTBEAT_TIMEOUT = 10.0
 
 
 def heartbeat_settings():
@@ -31,8 +35,9 @@ def mca_defaults():
     """The MCA settings elastic_hvd wants, as ``{name: value}``."""
     period, timeout = heartbeat_settings()
     return {
-        # The heartbeat detector.  Its own thread is off (it crashed/hung here);
-        # elastic_hvd.core.heartbeat drives it from a thread of ours instead.
+        # The heartbeat detector.  Its own thread stays off: in Open MPI 5.0.11 it
+        # crashes MPI_Init now and then and hangs MPI_Finalize (docs/liveness.md);
+        # elastic_hvd.core.heartbeat drives it from a native loop that needs no GIL.
         "mpi_ft_detector": "true",
         "mpi_ft_detector_thread": "false",
         "mpi_ft_detector_period": repr(period),

@@ -35,7 +35,8 @@ def init(comm=None, *, min_np=None, mismatch_timeout=None, stall_timeout=None):
     ``mismatch_timeout`` (``$ELASTIC_HVD_MISMATCH_TIMEOUT``, 5 s): how long a rank
     whose call differs from the predicted one waits before assuming a mismatch.
     ``stall_timeout`` (``$ELASTIC_HVD_STALL_TIMEOUT``, 0 = off): a rank that makes
-    no collective call for that long kills itself (see :mod:`.heartbeat`).
+    no progress (no collective, no ``heartbeat.progress()``) for that long while
+    others wait for it kills itself (see :mod:`.heartbeat`).
     """
     global _current, _session
     if _current is not None:
@@ -62,7 +63,7 @@ def init(comm=None, *, min_np=None, mismatch_timeout=None, stall_timeout=None):
                else "this MPI library has no ULFM support")
         print(NOT_ELASTIC_WARNING.format(why=why), file=sys.stderr, flush=True)
     heartbeat = Heartbeat(MPI, heartbeat_settings()[0],
-                          _setting(stall_timeout, "ELASTIC_HVD_STALL_TIMEOUT", 0.0))
+                          _setting(stall_timeout, "ELASTIC_HVD_STALL_TIMEOUT", 0.0), comm=base)
     _current = ResilientComm(
         MPI, base,
         min_np=_setting(min_np, "ELASTIC_HVD_MIN_NP", 1, int),

@@ -58,12 +58,16 @@ def parser():
                         "format); run every --discovery-interval seconds")
     p.add_argument("--discovery-interval", type=float, help="seconds between discoveries (5)")
     p.add_argument("--heartbeat-period", type=float,
-                   help="seconds between failure-detector heartbeats (default 0.5)")
+                   help="seconds between failure-detector heartbeats (default 1.0)")
     p.add_argument("--heartbeat-timeout", type=float,
-                   help="seconds of silence before a rank is declared dead (default 2.0)")
+                   help="seconds of silence before a frozen rank is declared dead (default "
+                        "10; heartbeats need no GIL, so busy ranks keep beating; fast hang "
+                        "detection: --heartbeat-period 0.5 --heartbeat-timeout 2)")
     p.add_argument("--stall-timeout", type=float,
-                   help="a rank that makes no collective call for this many seconds kills "
-                        "itself, so that a deadlocked rank is evicted (default: off)")
+                   help="a rank that makes no progress (no collective, no "
+                        "elastic_hvd.core.heartbeat.progress() call) for this many seconds "
+                        "while other ranks wait for it kills itself, so that a deadlocked "
+                        "rank is evicted (default: off)")
     p.add_argument("-x", dest="env", action="append", default=[], metavar="NAME[=VALUE]",
                    help="export an environment variable to every rank (repeatable)")
     p.add_argument("--faults", help="fault-injection plan, as ELASTIC_HVD_FAULTS "

@@ -1,0 +1,80 @@
+"""Liveness: busy ranks stay, hung ranks go (real processes, real signals).
+
+Failure detection must not depend on the GIL (a rank inside a long C call that
+holds it is alive), a stopped rank is evicted after the heartbeat timeout, and the
+stall watchdog (``--stall-timeout``) counts progress, not only collectives.
+"""
+
+import pytest
+
+from mpijob import run_job
+
+pytestmark = pytest.mark.multirank
+
+# The fast setting documented in docs/liveness.md.
+FAST = ["--heartbeat-period", "0.5", "--heartbeat-timeout", "2"]
+
+
+def assert_uniform(job, survivors):
+    assert sorted(job.results) == survivors, job.output[-4000:]
+    assert len({r["digest"] for r in job.results.values()}) == 1, job.output[-4000:]
+    assert all(r["equals_survivor_sum"] for r in job.results.values())
+
+
+def test_rank_holding_the_gil_for_30s_is_not_evicted(tmp_path):
+    # Default heartbeat settings; rank 1 keeps the GIL inside one C call for 30 s.
+    job = run_job("liveness.py", "gil", 1, 30, tmp_path=tmp_path, timeout=150)
+    assert_uniform(job, [0, 1, 2, 3])
+    assert job.results[1]["busy_s"] >= 29.5
+    for r in job.results.values():
+        assert r["ids"] == [0, 1, 2, 3] and r["events"] == [], r
+
+
+def _stopped_rank_evicted(tmp_path, launcher):
+    job = run_job("liveness.py", "none", -1, 0, "8", faults="rank=2,coll=4,signal=STOP",
+                  launcher=launcher, tmp_path=tmp_path, timeout=120)
+    assert_uniform(job, [0, 1, 3])
+    [event] = job.results[0]["events"]
+    assert event["lost"] == [2]
+    return event["detect_s"]
+
+
+def test_stopped_rank_is_evicted_with_defaults(tmp_path):
+    # Default timeout 10 s (docs/liveness.md): evicted after about that long.
+    detect = _stopped_rank_evicted(tmp_path, [])
+    assert 8.0 < detect < 16.0, detect
+
+
+def test_stopped_rank_is_evicted_fast_with_fast_setting(tmp_path):
+    detect = _stopped_rank_evicted(tmp_path, FAST)
+    assert 1.0 < detect < 4.5, detect
+
+
+def test_busy_rank_that_ticks_progress_is_not_killed_by_stall_watchdog(tmp_path):
+    # Rank 1 computes in pure Python (no collectives) for 8 s > stall timeout 3 s,
+    # calling heartbeat.progress(); the others wait for it in an allreduce.
+    job = run_job("liveness.py", "tick", 1, 8, launcher=["--stall-timeout", "3"],
+                  tmp_path=tmp_path, timeout=120)
+    assert_uniform(job, [0, 1, 2, 3])
+    assert "no progress" not in job.output
+
+
+def test_hung_rank_is_killed_with_a_message_and_the_others_go_on(tmp_path):
+    job = run_job("liveness.py", "hang", 1, 600, launcher=["--stall-timeout", "3"],
+                  tmp_path=tmp_path, timeout=120)
+    assert_uniform(job, [0, 2, 3])
+    lines = [l for l in job.output.splitlines() if "no progress" in l]
+    assert len(lines) == 1 and "original rank 1" in lines[0], job.output[-4000:]
+    [event] = job.results[0]["events"]
+    assert event["lost"] == [1] and event["detect_s"] < 12.0
+
+
+def test_whole_job_stall_kills_nobody_and_says_so(tmp_path):
+    # Every rank computes without progress for longer than the stall timeout: no
+    # rank waits for another, so killing would only end the job.  Nobody dies;
+    # each rank prints one warning.
+    job = run_job("liveness.py", "hang", -1, 6, launcher=["--stall-timeout", "2"],
+                  tmp_path=tmp_path, timeout=120)
+    assert_uniform(job, [0, 1, 2, 3])
+    warnings = [l for l in job.output.splitlines() if "no progress" in l]
+    assert warnings and all("not killing" in l for l in warnings), job.output[-4000:]
