@@ -44,8 +44,12 @@ class MembershipCallback(tf.keras.callbacks.Callback):
     def on_epoch_begin(self, epoch, logs=None):
         self.epoch, self.step = epoch, 0
 
-    def on_train_batch_end(self, batch, logs=None):
+    def on_train_batch_begin(self, batch, logs=None):
+        # Set before the step: at its end, whichever callback reaches the boundary
+        # first hands events to every handler, so all must know the step already.
         self.step = batch + 1
+
+    def on_train_batch_end(self, batch, logs=None):
         runtime.session().boundary()
 
     def on_epoch_end(self, epoch, logs=None):

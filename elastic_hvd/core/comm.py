@@ -87,36 +87,26 @@ class ResilientComm(CollectivesMixin, GrowthMixin):
             raise RanksBelowMinimumError(self.size, self.min_np, ())
 
     def _start(self, comm):
-        """Duplicate ``comm`` and learn every rank's host and pid, leaving out ranks
-        that die meanwhile (each outcome agreed, as in a collective)."""
+        """Make our own communicator from ``comm`` and learn every rank's host and pid,
+        leaving out ranks that die meanwhile.
+
+        ``MPI_Comm_dup`` with a dead member fails on some ranks and succeeds on
+        others (measured); ``MPI_Comm_shrink`` is a copy that ULFM completes
+        uniformly despite failures, so an elastic job starts with it."""
         MPI = self.MPI
         started = time.perf_counter()
         self.original_id, self.initial_size = comm.rank, comm.size
-        ids, base = list(range(comm.size)), comm
-        while True:
-            try:
-                dup = base.Dup()
-            except MPI.Exception:
-                dup = None
-            if self._agree(base, 1 if dup is not None else 0) == 1:
-                break
-            if dup is not None:
-                self._free(dup)
-            shrunk = self._shrink(base)
-            positions = shrunk.Get_group().Translate_ranks(list(range(shrunk.size)),
-                                                           base.Get_group())
-            ids = [ids[p] for p in positions]
-            if base is not comm:
-                self._free(base)
-            base = shrunk
-        if base is not comm:
-            self._free(base)
-        dup.Set_errhandler(MPI.ERRORS_RETURN)
-        self._comm, self._ids = dup, ids
-        if len(ids) < comm.size:
+        if self.elastic:
+            own = self._shrink(comm)
+            positions = own.Get_group().Translate_ranks(list(range(own.size)), comm.Get_group())
+        else:
+            own, positions = comm.Dup(), list(range(comm.size))
+        own.Set_errhandler(MPI.ERRORS_RETURN)
+        self._comm, self._ids = own, list(positions)
+        if own.size < comm.size:
             self.events.append(MembershipEvent(
-                old_size=comm.size, new_size=len(ids),
-                lost=tuple(sorted(set(range(comm.size)) - set(ids))),
+                old_size=comm.size, new_size=own.size,
+                lost=tuple(sorted(set(range(comm.size)) - set(positions))),
                 detect_s=time.perf_counter() - started, sequence=1, during="init"))
         where = (socket.gethostname(), os.getpid())
         everyone = self.run(None, lambda c: c.allgather(where))
