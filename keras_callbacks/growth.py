@@ -24,9 +24,10 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from elastic_hvd.core import ElasticHvdError, runtime
+from elastic_hvd.core import ElasticHvdError, faults, runtime
 from elastic_hvd.core.growth import GrowthPolicy
-from elastic_hvd.tensorflow.keras.callbacks import BroadcastGlobalVariablesCallback, get_lr, set_lr
+from elastic_hvd.tensorflow.keras.callbacks import (BroadcastGlobalVariablesCallback, get_lr,
+                                                    load_momentum_state, momentum_state, set_lr)
 
 from .checkpoint import optimizer_variables
 
@@ -71,7 +72,11 @@ class ElasticGrowth(tf.keras.callbacks.Callback):
         if event is not None and event.gained:
             started = time.perf_counter()
             runtime.session().boundary()  # the growth event is applied before the state leaves
+            faults.at_handover()
             comm.broadcast_object(self._live_state())
+            # A rank lost during the hand-over is applied before this step, as the
+            # joiners apply it (they start their fit with a boundary).
+            runtime.session().boundary()
             self.handovers.append((event, time.perf_counter() - started))
 
     # -- the live state ------------------------------------------------------------
@@ -82,7 +87,8 @@ class ElasticGrowth(tf.keras.callbacks.Callback):
             "epoch": self.epoch,
             "model": [v.numpy() for v in model.variables],
             "optimizer": [v.numpy() for v in optimizer_variables(optimizer)],
-            "lr": get_lr(optimizer), "session": runtime.session().state(),
+            "lr": get_lr(optimizer), "momentum": momentum_state(optimizer),
+            "session": runtime.session().state(),
             "sampler": {**self.sampler.state(), "batch_size": self.sampler.batch_size},
             "policy": self.policy.state(),
             "callbacks": [c.live_state() if hasattr(c, "live_state") else None
@@ -106,6 +112,7 @@ class ElasticGrowth(tf.keras.callbacks.Callback):
             optimizer.build(model.trainable_variables)
         _assign(optimizer_variables(optimizer), state["optimizer"], "optimizer")
         set_lr(optimizer, state["lr"])
+        load_momentum_state(optimizer, state["momentum"])
         runtime.session().load_state(state["session"])
         self.sampler.batch_size = state["sampler"]["batch_size"]
         if state["sampler"]["epoch"] == state["epoch"]:  # mid-epoch: the rest of its queue

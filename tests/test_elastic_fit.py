@@ -132,6 +132,7 @@ def check_grown(job, out, expected_ids, lost):
     assert sorted(results) == expected_ids, job.output[-4000:]
     assert all(r["ids"] == expected_ids for r in results.values())
     assert len({r["digest"] for r in results.values()}) == 1, "weights differ after the join"
+    assert_same_weights_every_step(out)
     events = read_lines(out / "events.jsonl")
     assert sorted(r for e in events for r in e["lost"]) == lost
     assert events[-1]["new_size"] == 4 and events[-1]["gained"]
@@ -150,6 +151,27 @@ def test_respawn_replaces_a_killed_rank_inside_fit(tmp_path, baseline):
     events = check_grown(job, tmp_path / "out", [0, 1, 3, 4], [2])
     assert [(e["lost"], e["gained"]) for e in events] == [([2], []), ([], [4])]
     assert abs(job.results[0]["loss"] - baseline) <= LOSS_TOLERANCE * baseline
+
+
+def test_rank_lost_while_a_joiner_receives_the_state(tmp_path):
+    # Rank 1 dies as the live state is handed to rank 2's replacement (id 4).  The
+    # joiner is a member by then: it applies the loss like everyone else (before,
+    # its learning rate missed it and its weights drifted from the others').
+    job = fit(tmp_path, faults="rank=2,step=5;rank=1,handover=1", launcher=["--respawn"],
+              env=GROW)
+    out, results = tmp_path / "out", job.results
+    assert 4 in results and not {1, 2} & set(results), job.output[-4000:]
+    assert len({r["digest"] for r in results.values()}) == 1, "weights differ"
+    assert_same_weights_every_step(out)
+    events = read_lines(out / "events.jsonl")
+    assert [e["lost"] for e in events][:3] == [[2], [], [1]], events
+    for event in events:  # linear LR rule, every change, on the joiner too
+        ratio = event["new_size"] / event["old_size"]
+        assert event["lr_after"] == pytest.approx(event["lr_before"] * ratio, rel=1e-5)
+    final = {r["lr"] for r in results.values()}
+    assert len(final) == 1 and final.pop() == pytest.approx(0.02 * len(results), rel=1e-5)
+    for epoch, ids in trained_ids(out, events).items():
+        assert sorted(ids) == list(range(SAMPLES)), f"epoch {epoch}: not exactly once"
 
 
 def test_grow_from_two_to_four_mid_fit(tmp_path):

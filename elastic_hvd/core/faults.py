@@ -9,11 +9,13 @@ list of ``key=value``::
 
 ``rank``
     original id (rank at ``init()``) of the process that fails.
-``coll`` / ``step`` / ``spawn``
+``coll`` / ``step`` / ``spawn`` / ``handover``
     when: at the N-th collective this process starts (1-based, counted by the core),
     when the training loop reports step N (:func:`at_step`, called by the Keras
     layer before each step), or in the N-th spawn of new processes this process
     takes part in, between the spawn and the merge (a failure *during* the repair
+    that grows the job back), or as the N-th hand-over of the live training state
+    to joined processes starts on this rank (``keras_callbacks.ElasticGrowth``).
     that grows the job back).  Exactly one of the three.
 ``signal``
     ``KILL`` (default), ``TERM``, ``STOP``, ``SEGV``… any ``signal.SIG*`` name, or
@@ -54,6 +56,7 @@ class Fault:
     coll: int = None
     step: int = None
     spawn: int = None
+    handover: int = None
     signal: str = "KILL"
     delay: float = 0.0
     phase: str = "before"
@@ -94,8 +97,8 @@ def parse(spec):
             if not sep:
                 raise ValueError(f"{ENV}: expected key=value, got {item!r} in {entry!r}")
             fields[key.strip()] = value.strip()
-        unknown = set(fields) - {"rank", "joiner", "coll", "step", "spawn", "signal", "delay",
-                                 "phase"}
+        unknown = set(fields) - {"rank", "joiner", "coll", "step", "spawn", "handover", "signal",
+                                 "delay", "phase"}
         if unknown:
             raise ValueError(f"{ENV}: unknown key(s) {sorted(unknown)} in {entry!r}")
         sig = fields.get("signal", "KILL").upper().removeprefix("SIG")
@@ -108,8 +111,9 @@ def parse(spec):
             continue
         if "rank" not in fields:
             raise ValueError(f"{ENV}: give rank= (or joiner=) in {entry!r}")
-        if sum(key in fields for key in ("coll", "step", "spawn")) != 1:
-            raise ValueError(f"{ENV}: give exactly one of coll=, step= or spawn= in {entry!r}")
+        if sum(key in fields for key in ("coll", "step", "spawn", "handover")) != 1:
+            raise ValueError(f"{ENV}: give exactly one of coll=, step=, spawn= or handover= "
+                             f"in {entry!r}")
         if fields.get("phase", "before") not in ("before", "after"):
             raise ValueError(f"{ENV}: phase must be before or after in {entry!r}")
         if sig not in ("RAISE", "SYSEXIT", "EXIT") and not hasattr(_signal, "SIG" + sig):
@@ -119,6 +123,7 @@ def parse(spec):
             coll=int(fields["coll"]) if "coll" in fields else None,
             step=int(fields["step"]) if "step" in fields else None,
             spawn=int(fields["spawn"]) if "spawn" in fields else None,
+            handover=int(fields["handover"]) if "handover" in fields else None,
             signal=sig, delay=float(fields.get("delay", 0.0)),
             phase=fields.get("phase", "before")))
     return faults
@@ -133,12 +138,20 @@ class FaultPlan:
         self._after_coll = {f.coll: f for f in mine if f.coll is not None and f.phase == "after"}
         self._by_step = {f.step: f for f in mine if f.step is not None}
         self._by_spawn = {f.spawn: f for f in mine if f.spawn is not None}
+        self._by_handover = {f.handover: f for f in mine if f.handover is not None}
         self._by_joiner = {f.joiner: f.signal for f in faults if f.joiner is not None}
-        self._collectives = self._spawns = 0
+        self._collectives = self._spawns = self._handovers = 0
 
     def __bool__(self):
         return bool(self._by_coll or self._after_coll or self._by_step or self._by_spawn
+                    or self._by_handover
                     or self._by_joiner)
+
+    def at_handover(self):
+        self._handovers += 1
+        fault = self._by_handover.pop(self._handovers, None)
+        if fault:
+            fault.fire()
 
     def at_spawn(self):
         self._spawns += 1
@@ -186,6 +199,11 @@ def after_transfer():
 def at_spawn():
     if _plan:
         _plan.at_spawn()
+
+
+def at_handover():
+    if _plan:
+        _plan.at_handover()
 
 
 def for_joiner(spawn_number):

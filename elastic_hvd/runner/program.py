@@ -21,6 +21,9 @@ import sys
 
 def run(argv):
     """Run ``script.py [args]`` or ``-m module [args]`` as ``python`` would."""
+    if argv[:2] == ["-m", "elastic_hvd.runner.program"]:
+        sys.argv = argv[1:]  # a joiner re-runs a rank's command line, which starts with us:
+        return main()        # run in place (runpy would import this module a second time)
     if argv[:1] == ["-m"]:
         sys.argv = argv[1:]
         runpy.run_module(argv[1], run_name="__main__", alter_sys=True)

@@ -22,7 +22,9 @@ COLLECTIVES = 6
 
 case = sys.argv[1]
 comm = core.init()
-if case == "stall":  # no collective call for longer than --stall-timeout
+if case == "stall":  # every rank: no progress for longer than --stall-timeout, nobody waits
+    time.sleep(6)
+if case == "stall_one" and comm.original_id == 1:  # the others wait for it in a collective
     time.sleep(60)
 try:
     for _ in range(COLLECTIVES):

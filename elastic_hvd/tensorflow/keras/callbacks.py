@@ -61,6 +61,20 @@ def momentum_correct(optimizer, old_lr, new_lr):
     _set_momentum(optimizer, value * new_lr / old_lr)
 
 
+def momentum_state(optimizer):
+    """(momentum now, momentum once the corrected step ran): part of the live state a
+    joining rank receives, which must train its first step with the same momentum."""
+    return _momentum(optimizer), _uncorrected.get(optimizer)
+
+
+def load_momentum_state(optimizer, state):
+    now, uncorrected = state
+    if now is not None:
+        _set_momentum(optimizer, now)
+    if uncorrected is not None:
+        _uncorrected[optimizer] = uncorrected
+
+
 def momentum_restore(optimizer):
     """Undo the corrections once the corrected step ran (a no-op if there were none)."""
     value = _uncorrected.pop(optimizer, None)
