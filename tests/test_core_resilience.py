@@ -129,15 +129,3 @@ def test_without_ulfm_warns_and_still_works(tmp_path):
     assert "WITHOUT fault tolerance" not in with_ft.output
     assert [r["elastic"] for r in with_ft.results.values()] == [True, True]
 
-
-@pytest.mark.parametrize("delay", ["0", "0.001", "0.003"])
-def test_death_during_init_is_survived(tmp_path, delay):
-    # Rank 2 dies after MPI_Init, as the others duplicate the communicator and
-    # exchange hosts (before: a raw MPI_ERR_PROC_FAILED ended the whole job).
-    job = run_job("core_scenarios.py", "after_init", env={"TEST_DIE_IN_INIT": f"2:{delay}"},
-                  tmp_path=tmp_path)
-    assert sorted(job.results) == [0, 1, 3], job.output[-4000:]
-    for r in job.results.values():
-        assert r["ids"] == [0, 1, 3] and r["size"] == 3
-        assert r["total"] == 1 + 2 + 4
-        assert [e["lost"] for e in r["events"]] == [[2]]
