@@ -59,9 +59,6 @@ class Session:
         handler of ``kind`` applied yet; replaces an earlier handler of that kind."""
         self._handlers[kind] = (order, handler)
 
-    def unregister(self, kind):
-        self._handlers.pop(kind, None)
-
     def boundary(self):
         """Apply the events not yet applied, each to every handler in order.
 
