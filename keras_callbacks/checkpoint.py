@@ -1,26 +1,32 @@
 """Checkpoints that survive the death of whoever writes them.
 
-The current lowest rank writes (rank 0 may be gone).  A checkpoint holds the
-model's weights, the optimizer's variables, the epoch to resume at and, when
-given, the data sampler's position.  How the files are named, written, committed
-and kept is :mod:`keras_callbacks.ckpt_files`: a save never touches the files of
-a committed checkpoint, so a writer that dies at any point (and the one that
+The current lowest rank writes (rank 0 may be gone).  A checkpoint is the
+job's :class:`~elastic_hvd.tensorflow.training_state.TrainingState` (model and
+optimizer variables, learning rate, momentum, session step, the epoch to resume
+at and the sampler's position: the format a joining rank receives), in one
+file, plus the weights in Keras' own format for use outside elastic_hvd.  A
+restarted job loads it without the old job's membership (see
+``TrainingState.load_state``).  How the files are named, written, committed and
+kept is :mod:`keras_callbacks.ckpt_files`: a save never touches the files of a
+committed checkpoint, so a writer that dies at any point (and the one that
 takes over) leaves the last committed checkpoint loadable.  Names come from a
 save counter that every rank counts (restored from the checkpoint, handed to
 joining ranks), never from the writer's own history.
 
 Not guaranteed: if the writer dies during the *final* checkpoint (too few
 ranks), nobody writes it in its place: the previous committed one stays.
+The state file is a pickle: load checkpoints only from directories you trust.
 """
 
 import contextlib
 import os
+import pickle
 import sys
 
-import numpy as np
 import tensorflow as tf
 
 from elastic_hvd.core import runtime
+from elastic_hvd.tensorflow.training_state import TrainingState
 
 from .ckpt_files import CheckpointFiles
 
@@ -28,14 +34,9 @@ from .ckpt_files import CheckpointFiles
 EXIT_BELOW_MIN_NP = 3
 
 
-def optimizer_variables(optimizer):
-    variables = optimizer.variables
-    return list(variables() if callable(variables) else variables)
-
-
-def _save_optimizer(optimizer, path):
+def _write_state(state, path):
     with open(path, "wb") as f:
-        np.savez(f, *[v.numpy() for v in optimizer_variables(optimizer)])
+        pickle.dump(state, f, protocol=pickle.HIGHEST_PROTOCOL)
 
 
 class ElasticCheckpoint(tf.keras.callbacks.Callback):
@@ -64,48 +65,43 @@ class ElasticCheckpoint(tf.keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         if (epoch + 1) % self.every == 0:
-            self.save(epoch + 1, sampler_state=None)
+            self.save(epoch + 1)
 
-    def save(self, resume_epoch, sampler_state=None):
+    def _training_state(self, model):
+        return TrainingState(model, sampler=self.sampler)
+
+    def save(self, resume_epoch):
         """Called on every rank (it counts the save); the lowest live rank writes.
-        ``resume_epoch`` is where to restart."""
+        ``resume_epoch`` is where to restart (the sampler's position resumes it if it
+        is that epoch's, mid-way)."""
         seq, self.saves = self.saves, self.saves + 1
         if runtime.is_initialized() and runtime.current().rank != 0:
             return
         model = self.model
+        state = self._training_state(model).state(resume_epoch)
         self.files.write(seq, resume_epoch, {
+            "state": ("state.pkl", lambda path: _write_state(state, path)),
             "weights": ("weights.h5", model.save_weights),
-            "optimizer": ("optimizer.npz", lambda path: _save_optimizer(model.optimizer, path)),
-        }, {"epoch": resume_epoch, "sampler": sampler_state})
+        }, {"epoch": resume_epoch})
 
     def restore(self, model):
-        """Load the newest committed checkpoint into ``model``; returns the epoch to resume
-        at (0: none).  A process joining a running job loads nothing: it receives the live state."""
+        """Load the newest committed checkpoint into ``model`` (and the sampler);
+        returns the epoch to resume at (0: none).  A process joining a running job
+        loads nothing: it receives the live state."""
         if runtime.is_initialized() and runtime.current().joining:
             return 0
         entries = self.files.entries()
         if not entries:
             return 0
         self.saves = max(self.saves, self.files.next_seq(entries))
-        meta = self.files.load(lambda entry: self._read(model, entry))
-        if self.sampler is not None:
-            if meta.get("sampler"):  # an interrupted epoch: continue where it stopped
-                self.sampler.load_state(meta["sampler"])
-            else:  # a finished epoch: the next one starts afresh
-                self.sampler.epoch = meta["epoch"] - 1
-        return meta["epoch"]
+        epoch = []
+        self.files.load(lambda entry: epoch.append(self._read(model, entry)))
+        return epoch[-1]
 
     def _read(self, model, entry):
-        optimizer = model.optimizer
-        if hasattr(optimizer, "build") and not getattr(optimizer, "built", True):
-            optimizer.build(model.trainable_variables)  # else Keras skips its variables
-        model.load_weights(os.path.join(self.directory, entry["weights"]))
-        with np.load(os.path.join(self.directory, entry["optimizer"])) as slots:
-            values = [slots[f"arr_{i}"] for i in range(len(slots.files))]
-        variables = optimizer_variables(optimizer)
-        if len(values) == len(variables):
-            for variable, value in zip(variables, values):
-                variable.assign(value)
+        with open(os.path.join(self.directory, entry["state"]), "rb") as f:
+            state = pickle.load(f)
+        return self._training_state(model).load_state(state, membership=False)
 
     @contextlib.contextmanager
     def final_on_failure(self):
@@ -121,8 +117,7 @@ class ElasticCheckpoint(tf.keras.callbacks.Callback):
             below_min = runtime.current().below_min_np
             if below_min is None:
                 raise
-            state = self.sampler.state() if self.sampler is not None else None
-            self.save(self.epoch, sampler_state=state)
+            self.save(self.epoch)
             if runtime.current().rank == 0:
                 print(f"elastic_hvd: stopping: {below_min}. Final checkpoint written to "
                       f"{self.directory}; restart the job to resume at epoch {self.epoch + 1}.",

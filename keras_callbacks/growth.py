@@ -2,10 +2,11 @@
 
 :class:`ElasticGrowth` runs the core's :class:`~elastic_hvd.core.growth.GrowthPolicy`
 at every step boundary.  The step at which joiners are adopted, the lowest rank
-broadcasts the *live* training state -- every model variable (weights, batch-norm
-statistics, seed-generator states), every optimizer variable (slots, iteration
-count, learning rate), the epoch, the sampler's position in it, the growth
-policy's counters and the state of the membership callbacks -- and the joiners
+broadcasts the *live* training state -- a
+:class:`~elastic_hvd.tensorflow.training_state.TrainingState`, the format
+checkpoints and ``hvd.elastic`` use too: every model and optimizer variable, the
+learning rate, momentum and session, the epoch, the sampler's position in it,
+the growth policy's counters and the callbacks' live state -- and the joiners
 start training at that very step: no disk checkpoint, no step lost or repeated.
 
 Before the state leaves, the other membership callbacks settle the growth event
@@ -24,12 +25,10 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from elastic_hvd.core import ElasticHvdError, faults, runtime
+from elastic_hvd.core import faults, runtime
 from elastic_hvd.core.growth import GrowthPolicy
-from elastic_hvd.tensorflow.keras.callbacks import (BroadcastGlobalVariablesCallback, get_lr,
-                                                    load_momentum_state, momentum_state, set_lr)
-
-from .checkpoint import optimizer_variables
+from elastic_hvd.tensorflow.keras.callbacks import BroadcastGlobalVariablesCallback
+from elastic_hvd.tensorflow.training_state import TrainingState
 
 
 class ElasticGrowth(tf.keras.callbacks.Callback):
@@ -80,20 +79,12 @@ class ElasticGrowth(tf.keras.callbacks.Callback):
             self.handovers.append((event, time.perf_counter() - started))
 
     # -- the live state ------------------------------------------------------------
+    def _training_state(self, callbacks):
+        return TrainingState(self.model, sampler=self.sampler, policy=self.policy,
+                             callbacks=callbacks)
+
     def _live_state(self):
-        model = self.model
-        optimizer = model.optimizer
-        return {
-            "epoch": self.epoch,
-            "model": [v.numpy() for v in model.variables],
-            "optimizer": [v.numpy() for v in optimizer_variables(optimizer)],
-            "lr": get_lr(optimizer), "momentum": momentum_state(optimizer),
-            "session": runtime.session().state(),
-            "sampler": {**self.sampler.state(), "batch_size": self.sampler.batch_size},
-            "policy": self.policy.state(),
-            "callbacks": [c.live_state() if hasattr(c, "live_state") else None
-                          for c in self.callbacks],
-        }
+        return self._training_state(self.callbacks).state(self.epoch)
 
     def join(self, model, callbacks, dataset=None):
         """In a joining process, before training: rehearse a step on ``dataset``'s
@@ -105,34 +96,13 @@ class ElasticGrowth(tf.keras.callbacks.Callback):
             self._rehearse(model, dataset, comm)
         started = time.perf_counter()
         event = self.policy.step(comm)  # a joiner's step joins (see GrowthPolicy.step)
-        state = comm.broadcast_object(None)
-        _assign(model.variables, state["model"], "model")
-        optimizer = model.optimizer
-        if hasattr(optimizer, "build") and not getattr(optimizer, "built", True):
-            optimizer.build(model.trainable_variables)
-        _assign(optimizer_variables(optimizer), state["optimizer"], "optimizer")
-        set_lr(optimizer, state["lr"])
-        load_momentum_state(optimizer, state["momentum"])
-        runtime.session().load_state(state["session"])
-        self.sampler.batch_size = state["sampler"]["batch_size"]
-        if state["sampler"]["epoch"] == state["epoch"]:  # mid-epoch: the rest of its queue
-            self.sampler.load_state(state["sampler"])
-        else:  # adopted before the epoch's first batch was drawn: it starts afresh
-            self.sampler.epoch = state["epoch"] - 1
-        self.policy.load_state(state["policy"])
-        if len(state["callbacks"]) != len(callbacks):
-            raise ElasticHvdError("a joining process must train with the same callbacks as "
-                                  f"the job ({len(callbacks)} here, {len(state['callbacks'])} there)")
-        for callback, saved in zip(callbacks, state["callbacks"]):
-            if saved is not None:
-                callback.load_live_state(saved)
+        self.epoch = self._training_state(callbacks).load_state(comm.broadcast_object(None))
+        for callback in callbacks:
             if isinstance(callback, BroadcastGlobalVariablesCallback):
                 callback.broadcast_done = True  # the live state is what the others have
         self._skip_next = True
-        self.epoch = state["epoch"]
         self.handovers.append((event, time.perf_counter() - started))
-        return state["epoch"]
-
+        return self.epoch
 
     def _rehearse(self, model, dataset, comm):
         """One step on zeros shaped like ``dataset``'s batches, alone, to compile."""
@@ -150,14 +120,3 @@ class ElasticGrowth(tf.keras.callbacks.Callback):
         except Exception as exc:  # only a head start: joining works without it
             print(f"elastic_hvd: joining without a rehearsal step ({type(exc).__name__}: {exc})",
                   file=sys.stderr, flush=True)
-
-
-def _assign(variables, values, what):
-    variables = list(variables)
-    if len(variables) != len(values) or any(
-            tuple(v.shape) != tuple(x.shape) for v, x in zip(variables, values)):
-        raise ElasticHvdError(
-            f"the joining process's {what} does not match the running job's "
-            f"({len(variables)} vs {len(values)} variables): build the same model")
-    for variable, value in zip(variables, values):
-        variable.assign(value)

@@ -31,6 +31,11 @@ PRE_COMMIT = ("wrote weights", "wrote optimizer", "synced", "before commit")
 POST_COMMIT = ("committed", "removed a file")
 
 
+def before_commit(point):
+    """Whether a crash point (``wrote <role>`` for any role) comes before the commit."""
+    return point.startswith("wrote ") or point in PRE_COMMIT
+
+
 # -- helpers shared by the single-process and the multi-rank tests -------------------
 def sha(path):
     try:
@@ -169,7 +174,7 @@ def test_elastic_checkpoint_restores_newest_and_a_restart_writes_fresh_names(tmp
     import numpy as np
     import tensorflow as tf
     from keras_callbacks import ElasticCheckpoint
-    from keras_callbacks.checkpoint import optimizer_variables
+    from elastic_hvd.tensorflow.optimizer_state import optimizer_variables
 
     model = make_model(tf)
     checkpoint = ElasticCheckpoint(str(tmp_path), keep=2)
@@ -224,7 +229,7 @@ def check_saves(records):
         if seq + 1 not in befores:
             continue  # the job ended with that save (final checkpoint): see the caller
         before, later = befores[seq]["snap"], befores[seq + 1]["snap"]
-        if point in PRE_COMMIT:
+        if before_commit(point):
             assert later == before, f"save {seq} died at {point!r}: the commit changed"
         else:
             assert later["seq"] == seq, f"save {seq} died at {point!r} after committing"
@@ -241,7 +246,7 @@ def check_saves(records):
 
 
 JOBS = {
-    "before_commit": ("wrote weights", "wrote optimizer", "synced"),
+    "before_commit": ("wrote state", "wrote weights", "synced"),
     "around_commit": ("before commit", "committed", "removed a file"),
 }
 

@@ -129,3 +129,11 @@ def test_without_ulfm_warns_and_still_works(tmp_path):
     assert "WITHOUT fault tolerance" not in with_ft.output
     assert [r["elastic"] for r in with_ft.results.values()] == [True, True]
 
+
+
+def test_mpi_without_thread_multiple_is_a_clear_error_on_every_rank(tmp_path):
+    # Our heartbeat and spawn threads call MPI: init() must refuse a lower thread level.
+    job = run_job("core_scenarios.py", "elastic_flag", np=2, env={"TEST_THREAD_LEVEL": "serialized"},
+                  tmp_path=tmp_path, expect_rc=None, timeout=120)
+    assert job.returncode != 0 and not job.results
+    assert job.output.count("initialized without MPI_THREAD_MULTIPLE") == 2, job.output[-3000:]

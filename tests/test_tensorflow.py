@@ -86,3 +86,26 @@ def test_unchanged_horovod_script_runs_as_horovod(tmp_path):
     results = list(job.results.values())
     assert [r["module"] for r in results] == ["elastic_hvd.tensorflow.keras"] * 2
     assert results[0]["weights"] == results[1]["weights"]
+
+
+def test_one_training_state_for_checkpoints_hvd_elastic_and_a_restart(tmp_path):
+    directory = tmp_path / "ckpt"
+    saved = run_job("tf_scenarios.py", "training_state", "save", directory, np=2,
+                    tmp_path=tmp_path / "save", timeout=300)
+    for r in saved.results.values():
+        # hvd.elastic: restore goes back to the commit but keeps the rescaling since.
+        assert r["rollback"] == {"digest_ok": True, "lr": pytest.approx(0.05), "batch": 2}
+        assert r["same_as_live"] == {"keys": True, "arrays": True, "rest": True}
+    syncs = {r["after_sync"]["digest"] for r in saved.results.values()}
+    assert len(syncs) == 1 and saved.results[1]["after_sync"]["batch"] == 2
+    first = saved.results[0]
+    assert first["lr"] == pytest.approx(0.05) and first["lr_factor"] == 0.5 and first["step"] > 0
+    assert len(first["queue"]) == 40 - 2 * 4  # one committed step of the epoch was drawn
+    # A new job (another seed for its fresh model) resumes it all, and its rate without
+    # the old job's rescaling.
+    again = run_job("tf_scenarios.py", "training_state", "restart", directory, np=2,
+                    tmp_path=tmp_path / "restart", timeout=300)
+    for r in again.results.values():
+        assert (r["digest"], r["optimizer"]) == (first["digest"], first["optimizer"])
+        assert r["epoch"] == 1 and r["queue"] == first["queue"] and r["step"] == first["step"]
+        assert r["lr"] == pytest.approx(0.1) and r["lr_factor"] == 1.0

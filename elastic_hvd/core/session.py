@@ -78,9 +78,13 @@ class Session:
 
     # -- state ------------------------------------------------------------------------
     def state(self):
-        """What a joining process or a checkpoint takes over."""
+        """Part of the training state (see ``elastic_hvd.tensorflow.training_state``)."""
         return {"step": self.step, "lr_factor": self.lr_factor, "applied": dict(self._applied)}
 
-    def load_state(self, state):
-        self.step, self.lr_factor = state["step"], state["lr_factor"]
-        self._applied = dict(state["applied"])
+    def load_state(self, state, membership=True):
+        """The step always; which events were applied and the learning-rate factor
+        they produced only from the same job (``membership``)."""
+        self.step = state["step"]
+        if membership:
+            self.lr_factor = state["lr_factor"]
+            self._applied = dict(state["applied"])

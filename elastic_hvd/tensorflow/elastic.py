@@ -16,11 +16,11 @@ the current one, so nothing is redone.  A new process runs the script from the
 top and, in ``run``, joins and receives the state before training.
 """
 
-import copy
 import functools
 
 from ..core import runtime
 from ..core.growth import GrowthPolicy
+from .training_state import TrainingState
 
 _policy = None
 
@@ -61,12 +61,20 @@ def _sync(state, comm):
 
 
 class State:
-    """Named values (epoch, batch, ...) kept in sync across ranks."""
+    """Named values (epoch, batch, ...) kept in sync across ranks.
+
+    ``commit``/``save`` keep a copy of the training state in memory, ``restore``
+    goes back to it (keeping the learning-rate rescalings made since, see
+    :mod:`.training_state`), ``sync`` makes rank 0's the state of every rank.
+    """
 
     def __init__(self, **kwargs):
         self._values = dict(kwargs)
-        self._saved = copy.deepcopy(self._values)
         self._reset_callbacks = []
+        self.save()  # restore() before any commit goes back to the start
+
+    def _training_state(self):
+        return TrainingState(values=self._values)
 
     def __getattr__(self, name):
         values = self.__dict__.get("_values", {})
@@ -101,13 +109,15 @@ class State:
                 raise HostsUpdatedInterrupt(f"rank(s) {list(event.gained)} joined")
 
     def save(self):
-        self._saved = copy.deepcopy(self._values)
+        self._saved = self._training_state().state()
 
     def restore(self):
-        self._values = copy.deepcopy(self._saved)
+        self._training_state().load_state(self._saved, membership=False)
 
     def sync(self):
-        self._values = runtime.current("state.sync()").broadcast_object(self._values, 0)
+        comm = runtime.current("state.sync()")
+        state = self._training_state()
+        state.load_state(comm.broadcast_object(state.state() if comm.rank == 0 else None, 0))
         self.save()
 
 
@@ -115,65 +125,29 @@ ObjectState = State
 
 
 class TensorFlowState(State):
-    """State holding TF variables (broadcast from rank 0 on sync)."""
+    """State holding TF variables besides the named values."""
 
     def __init__(self, variables=None, session=None, **kwargs):
         if session is not None:
             raise NotImplementedError("TF1 sessions are not supported by elastic_hvd's elastic state")
-        super().__init__(**kwargs)
         self._variables = list(variables or [])
-        self._saved_vars = [v.numpy() for v in self._variables]
+        super().__init__(**kwargs)
 
-    def save(self):
-        super().save()
-        self._saved_vars = [v.numpy() for v in getattr(self, "_variables", [])]
-
-    def restore(self):
-        super().restore()
-        for v, value in zip(self._variables, self._saved_vars):
-            v.assign(value)
-
-    def sync(self):
-        from . import broadcast_variables
-        if self._variables:
-            broadcast_variables(self._variables, 0)
-        super().sync()
+    def _training_state(self):
+        return TrainingState(variables=self._variables, values=self._values)
 
 
-class TensorFlowKerasState(TensorFlowState):
-    """State of a Keras model and its optimizer."""
+class TensorFlowKerasState(State):
+    """State of a Keras model and its optimizer, besides the named values."""
 
     def __init__(self, model, optimizer=None, backend=None, **kwargs):
-        self.__dict__["_model"] = model
-        optimizer = optimizer or getattr(model, "optimizer", None)
-        self.__dict__["_optimizer"] = optimizer
-        super().__init__(variables=None, **kwargs)
+        self._model = model
+        self._optimizer = optimizer or getattr(model, "optimizer", None)
+        super().__init__(**kwargs)
 
     @property
     def model(self):
         return self._model
 
-    def _all_variables(self):
-        variables = list(self._model.variables)
-        optimizer = self._optimizer
-        if hasattr(optimizer, "build") and not getattr(optimizer, "built", True):
-            optimizer.build(self._model.trainable_variables)  # a joiner, before its first step
-        if self._optimizer is not None:
-            opt_vars = self._optimizer.variables
-            variables += list(opt_vars() if callable(opt_vars) else opt_vars)
-        return variables
-
-    def save(self):
-        State.save(self)
-        self._saved_vars = [v.numpy() for v in self._all_variables()]
-
-    def restore(self):
-        State.restore(self)
-        for v, value in zip(self._all_variables(), self._saved_vars):
-            v.assign(value)
-
-    def sync(self):
-        from . import broadcast_variables
-        broadcast_variables(self._all_variables(), 0)
-        State.sync(self)
-        self.save()
+    def _training_state(self):
+        return TrainingState(self._model, self._optimizer, values=self._values)

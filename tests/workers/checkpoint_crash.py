@@ -33,7 +33,7 @@ import keras_callbacks as kc  # noqa: E402
 from elastic_hvd.core import runtime  # noqa: E402
 from elastic_hvd.sharding import ElasticSampler  # noqa: E402
 from elastic_hvd.tensorflow.data import elastic_dataset  # noqa: E402
-from keras_callbacks.checkpoint import optimizer_variables  # noqa: E402
+from elastic_hvd.tensorflow.optimizer_state import optimizer_variables  # noqa: E402
 
 N, BATCH, BASE_LR = 100, 4, 0.02
 OUT = os.environ["TEST_OUT_DIR"]
@@ -75,7 +75,7 @@ def snapshot():
         meta = json.load(f)
     snap = {name: sha(os.path.join(CKPT, name)) for name in referenced(meta)}
     snap["checkpoint.json"] = sha(meta_path)
-    return {"hashes": snap, "newest": [meta["weights"], meta["optimizer"]],
+    return {"hashes": snap, "newest": meta["files"],
             "seq": meta.get("seq"), "epoch": meta["epoch"]}
 
 
@@ -127,7 +127,7 @@ class CheckedCheckpoint(kc.ElasticCheckpoint):
             log({"kind": "crash", "seq": self.seq, "point": point})
             os.kill(os.getpid(), signal.SIGKILL)
 
-    def save(self, resume_epoch, sampler_state=None):
+    def save(self, resume_epoch):
         self.seq = self.saves
         comm = runtime.current()
         writer = comm.rank == 0
@@ -141,7 +141,7 @@ class CheckedCheckpoint(kc.ElasticCheckpoint):
                  "present": sorted(os.listdir(CKPT)) if os.path.isdir(CKPT) else [],
                  "snap": snapshot(), "loaded": loaded, "digest": digest(self.model.get_weights()),
                  "optimizer": digest(v.numpy() for v in optimizer_variables(self.model.optimizer))})
-        super().save(resume_epoch, sampler_state)
+        super().save(resume_epoch)
         if writer:
             log({"kind": "after", "seq": self.seq, "snap": snapshot()})
 

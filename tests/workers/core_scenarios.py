@@ -116,6 +116,10 @@ def elastic_flag(comm):
 
 def main():
     scenario, args = sys.argv[1], sys.argv[2:]
+    if os.environ.get("TEST_THREAD_LEVEL"):  # a script that initialised MPI itself first
+        import mpi4py
+        mpi4py.rc.thread_level = os.environ["TEST_THREAD_LEVEL"]
+        from mpi4py import MPI  # noqa: F401
     comm = core.init()
     try:
         globals()[scenario](comm, *args)

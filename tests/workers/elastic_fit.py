@@ -33,13 +33,13 @@ OUT = os.environ["TEST_OUT_DIR"]
 class CrashingCheckpoint(kc.ElasticCheckpoint):
     """Dies (SIGKILL) half-way through writing the checkpoint of TEST_CRASH_IN_CHECKPOINT."""
 
-    def save(self, resume_epoch, sampler_state=None):
+    def save(self, resume_epoch):
         if (str(resume_epoch) == os.environ.get("TEST_CRASH_IN_CHECKPOINT")
                 and runtime.current().rank == 0):
             os.makedirs(self.directory, exist_ok=True)
             self.model.save_weights(os.path.join(self.directory, "partial.tmp.weights.h5"))
             os.kill(os.getpid(), signal.SIGKILL)
-        super().save(resume_epoch, sampler_state)
+        super().save(resume_epoch)
 
 
 class SlowSteps(tf.keras.callbacks.Callback):

@@ -125,6 +125,73 @@ def tape_loop(steps="5"):
     report.write(runtime.current().original_id, digest=digest(model.get_weights()))
 
 
+def training_state(phase, directory):
+    """One training state, three uses.  Phase "save": train, rescale the rate as a
+    membership change would, checkpoint mid-epoch, and check hvd.elastic's commit /
+    restore / sync in place; phase "restart" (a new job): restore the checkpoint."""
+    import pickle
+
+    import keras_callbacks as kc
+    from elastic_hvd.sharding import ElasticSampler
+    from elastic_hvd.tensorflow.training_state import TrainingState
+
+    comm, session = runtime.current(), runtime.session()
+    model = small_model(seed=1 if phase == "restart" else 0)
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9)),
+                  loss="mse")
+    sampler = ElasticSampler(comm, 40, 4, seed=3)
+    checkpoint = kc.ElasticCheckpoint(directory, sampler=sampler)
+    result = {}
+    if phase == "restart":
+        result["epoch"] = checkpoint.restore(model)
+        sampler.start_epoch()
+        result["queue"] = list(sampler.queue)
+    else:
+        rng = np.random.default_rng(comm.rank)
+        x, y = rng.normal(size=(8, 8)).astype(np.float32), rng.normal(size=(8, 3)).astype(np.float32)
+        model.fit(x, y, batch_size=4, epochs=1, verbose=0)  # two committed steps, slots exist
+        sampler.start_epoch(1)
+        sampler.next_batch()
+        session.commits.notify(comm.ids)  # as the step transaction does
+        elastic = hvd.elastic.KerasState(model, epoch=1, batch=2)
+        elastic.commit()
+        committed = digest(model.get_weights())
+        model.fit(x, y, batch_size=4, epochs=1, verbose=0)
+        # A membership change halves the rate (as LearningRateRescaler does).
+        session.lr_factor *= 0.5
+        model.optimizer.learning_rate.assign(0.05)
+        elastic.batch = 99
+        elastic.restore()  # back to the commit, keeping the rescaling made since
+        result["rollback"] = {"digest_ok": digest(model.get_weights()) == committed,
+                              "lr": float(model.optimizer.learning_rate.numpy()),
+                              "batch": elastic.batch}
+        if comm.rank == 1:  # diverge; sync makes rank 0's state everyone's
+            for v in model.trainable_variables:
+                v.assign(v + 1.0)
+            elastic.batch = 7
+        elastic.sync()
+        result["after_sync"] = {"digest": digest(model.get_weights()), "batch": elastic.batch}
+        live = TrainingState(model, sampler=sampler).state(1)
+        checkpoint.set_model(model)
+        checkpoint.save(1)
+        comm.barrier()
+        with open(os.path.join(directory, checkpoint.files.entries()[0]["state"]), "rb") as f:
+            saved = pickle.load(f)
+        result["same_as_live"] = {
+            "keys": sorted(saved) == sorted(live),
+            "arrays": all(np.array_equal(a, b) for part in ("model", "optimizer")
+                          for a, b in zip(saved[part], live[part])),
+            "rest": all(saved[k] == live[k] for k in ("epoch", "lr", "momentum", "sampler",
+                                                      "session"))}
+        result["queue"] = saved["sampler"]["queue"]
+    result.update(digest=digest(model.get_weights()),
+                  optimizer=digest(v.numpy() for v in model.optimizer.variables  # not the rate
+                                   if "learning_rate" not in v.path),
+                  lr=float(model.optimizer.learning_rate.numpy()), step=session.step,
+                  lr_factor=session.lr_factor)
+    report.write(comm.original_id, **result)
+
+
 def main():
     scenario, args = sys.argv[1], sys.argv[2:]
     hvd.init()

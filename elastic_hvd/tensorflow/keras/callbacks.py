@@ -1,85 +1,19 @@
 """Horovod's Keras callbacks (``hvd.callbacks``), for Keras 3, tf_keras and Keras 2.
 
-Learning rates are read and set through :func:`get_lr` / :func:`set_lr`, which
-work for every Keras flavour; the membership-aware callbacks live in the
-top-level ``keras_callbacks`` package.
+Learning rates and momentum are read and set through
+:mod:`elastic_hvd.tensorflow.optimizer_state`, which works for every Keras flavour;
+the membership-aware callbacks live in the top-level ``keras_callbacks`` package.
 """
-
-import weakref
 
 import numpy as np
 import tensorflow as tf
 
 from ...core import ReduceOp, runtime
 from .. import broadcast_variables
+from ..optimizer_state import (get_lr, momentum_correct, momentum_restore,
+                               optimizer_variables, set_lr)
 
 keras = tf.keras
-
-
-def get_lr(optimizer):
-    lr = optimizer.learning_rate
-    return float(lr.numpy() if hasattr(lr, "numpy") else lr)
-
-
-def set_lr(optimizer, value):
-    lr = optimizer.learning_rate
-    if hasattr(lr, "assign"):
-        lr.assign(value)
-    else:
-        optimizer.learning_rate = value
-
-
-def _momentum(optimizer):
-    momentum = getattr(optimizer, "momentum", None)
-    if momentum is None:
-        return None
-    return float(momentum.numpy() if hasattr(momentum, "numpy") else momentum)
-
-
-def _set_momentum(optimizer, value):
-    if hasattr(optimizer.momentum, "assign"):
-        optimizer.momentum.assign(value)
-    else:
-        optimizer.momentum = value
-
-
-#: optimizer -> its momentum before the corrections of the coming step.
-_uncorrected = weakref.WeakKeyDictionary()
-
-
-def momentum_correct(optimizer, old_lr, new_lr):
-    """Momentum correction (Goyal et al. 2017): after the lr changes from a to b, the
-    next step uses momentum * b / a, then :func:`momentum_restore` puts it back.
-
-    Kept per optimizer, not per callback: when a schedule and a membership change
-    correct the same step, the corrections compound for that step and the
-    momentum still returns to its own value afterwards."""
-    value = _momentum(optimizer)
-    if value is None or old_lr <= 0 or new_lr == old_lr:
-        return
-    _uncorrected.setdefault(optimizer, value)
-    _set_momentum(optimizer, value * new_lr / old_lr)
-
-
-def momentum_state(optimizer):
-    """(momentum now, momentum once the corrected step ran): part of the live state a
-    joining rank receives, which must train its first step with the same momentum."""
-    return _momentum(optimizer), _uncorrected.get(optimizer)
-
-
-def load_momentum_state(optimizer, state):
-    now, uncorrected = state
-    if now is not None:
-        _set_momentum(optimizer, now)
-    if uncorrected is not None:
-        _uncorrected[optimizer] = uncorrected
-
-
-def momentum_restore(optimizer):
-    """Undo the corrections once the corrected step ran (a no-op if there were none)."""
-    value = _uncorrected.pop(optimizer, None)
-    if value is not None:
-        _set_momentum(optimizer, value)
 
 
 class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
@@ -103,8 +37,7 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         variables = list(self.model.variables)
         optimizer = getattr(self.model, "optimizer", None)
         if optimizer is not None:
-            variables += list(optimizer.variables() if callable(optimizer.variables)
-                              else optimizer.variables)
+            variables += optimizer_variables(optimizer)
         broadcast_variables([v for v in variables if id(v) not in self.local_variables],
                             self.root_rank)
 

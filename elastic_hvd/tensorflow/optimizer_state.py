@@ -1,0 +1,84 @@
+"""Reading and setting an optimizer's learning rate, momentum and variables, for every
+Keras flavour (Keras 3, tf_keras, Keras 2): the callbacks, the membership handlers and
+the training state (:mod:`.training_state`) all go through these."""
+
+import weakref
+
+
+def optimizer_variables(optimizer):
+    variables = optimizer.variables
+    return list(variables() if callable(variables) else variables)
+
+
+def build_optimizer(optimizer, model):
+    """Create the optimizer's slots now (Keras 3 builds them at the first step), so
+    that state can be loaded into them before training."""
+    if hasattr(optimizer, "build") and not getattr(optimizer, "built", True):
+        optimizer.build(model.trainable_variables)
+
+
+def get_lr(optimizer):
+    lr = optimizer.learning_rate
+    return float(lr.numpy() if hasattr(lr, "numpy") else lr)
+
+
+def set_lr(optimizer, value):
+    lr = optimizer.learning_rate
+    if hasattr(lr, "assign"):
+        lr.assign(value)
+    else:
+        optimizer.learning_rate = value
+
+
+def _momentum(optimizer):
+    momentum = getattr(optimizer, "momentum", None)
+    if momentum is None:
+        return None
+    return float(momentum.numpy() if hasattr(momentum, "numpy") else momentum)
+
+
+def _set_momentum(optimizer, value):
+    if hasattr(optimizer.momentum, "assign"):
+        optimizer.momentum.assign(value)
+    else:
+        optimizer.momentum = value
+
+
+#: optimizer -> its momentum before the corrections of the coming step.
+_uncorrected = weakref.WeakKeyDictionary()
+
+
+def momentum_correct(optimizer, old_lr, new_lr):
+    """Momentum correction (Goyal et al. 2017): after the lr changes from a to b, the
+    next step uses momentum * b / a, then :func:`momentum_restore` puts it back.
+
+    Kept per optimizer, not per callback: when a schedule and a membership change
+    correct the same step, the corrections compound for that step and the
+    momentum still returns to its own value afterwards."""
+    value = _momentum(optimizer)
+    if value is None or old_lr <= 0 or new_lr == old_lr:
+        return
+    _uncorrected.setdefault(optimizer, value)
+    _set_momentum(optimizer, value * new_lr / old_lr)
+
+
+def momentum_restore(optimizer):
+    """Undo the corrections once the corrected step ran (a no-op if there were none)."""
+    value = _uncorrected.pop(optimizer, None)
+    if value is not None:
+        _set_momentum(optimizer, value)
+
+
+def momentum_state(optimizer):
+    """(momentum now, momentum once the corrected step ran): a process that takes
+    over the state must train its next step with the same momentum."""
+    return _momentum(optimizer), _uncorrected.get(optimizer)
+
+
+def load_momentum_state(optimizer, state):
+    now, uncorrected = state
+    if now is not None:
+        _set_momentum(optimizer, now)
+    _uncorrected.pop(optimizer, None)
+    if uncorrected is not None:
+        _uncorrected[optimizer] = uncorrected

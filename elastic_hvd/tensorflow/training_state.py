@@ -1,0 +1,135 @@
+"""One training state: what a checkpoint saves, a joining process receives and
+``hvd.elastic`` commits, syncs and restores.
+
+Why one: with three formats (a checkpoint's files, the hand-over to a joiner,
+``hvd.elastic``'s copies), a part added to one -- the momentum's pending
+correction, the session's step -- was missing from the others.  A
+:class:`TrainingState` names the parts a job has (model, optimizer, plain
+variables, data sampler, growth policy, callbacks, a script's named values) and
+its ``state()`` / ``load_state()`` are the only code that reads or writes them.
+The state is plain Python and NumPy: broadcast as one object, written as one file.
+
+Some parts describe the running job's *membership*: which membership events its
+handlers applied and the learning-rate factor they produced (the training
+session), the sampler's per-rank batch, the growth policy's counters, the
+callbacks' live state.  They are loaded with ``membership=True`` (a joiner,
+``hvd.elastic``'s sync).  A job restarted from a checkpoint, or a script rolling
+back with ``hvd.elastic``'s ``restore()``, keeps its own (``membership=False``):
+its learning rate is the saved one with the saved elastic factor replaced by its
+own, so a restarted job starts from the unrescaled rate and a rollback keeps the
+rescalings made since the commit.
+"""
+
+import copy
+
+from ..core import runtime
+from ..core.errors import ElasticHvdError
+from .optimizer_state import (build_optimizer, get_lr, load_momentum_state, momentum_state,
+                              optimizer_variables, set_lr)
+
+FORMAT = 1
+
+
+class TrainingState:
+    """The parts of one training job; give the ones the job has.
+
+    ``model``: a Keras model (its ``optimizer`` unless ``optimizer`` is given);
+    ``variables``: TF variables besides a model; ``sampler``: the
+    :class:`~elastic_hvd.sharding.ElasticSampler`; ``policy``: the
+    :class:`~elastic_hvd.core.growth.GrowthPolicy`; ``callbacks``: callbacks whose
+    ``live_state()`` travels (membership only); ``values``: a dict of picklable values.
+    """
+
+    def __init__(self, model=None, optimizer=None, variables=None, sampler=None, policy=None,
+                 callbacks=None, values=None):
+        self.model = model
+        self.optimizer = optimizer if optimizer is not None else getattr(model, "optimizer", None)
+        self.variables = variables
+        self.sampler, self.policy, self.callbacks, self.values = sampler, policy, callbacks, values
+
+    def state(self, epoch=None):
+        """Everything, as plain values; ``epoch``: the epoch to train (next)."""
+        state = {"format": FORMAT, "epoch": epoch}
+        if runtime.is_initialized():
+            state["session"] = runtime.session().state()
+        if self.model is not None:
+            state["model"] = [v.numpy() for v in self.model.variables]
+        if self.variables is not None:
+            state["variables"] = [v.numpy() for v in self.variables]
+        if self.optimizer is not None:
+            if self.model is not None:
+                build_optimizer(self.optimizer, self.model)  # its slots are part of the state
+            state["optimizer"] = [v.numpy() for v in optimizer_variables(self.optimizer)]
+            state["lr"] = get_lr(self.optimizer)
+            state["momentum"] = momentum_state(self.optimizer)
+        if self.sampler is not None:
+            state["sampler"] = {**self.sampler.state(), "batch_size": self.sampler.batch_size}
+        if self.policy is not None:
+            state["policy"] = self.policy.state()
+        if self.callbacks is not None:
+            state["callbacks"] = [c.live_state() if hasattr(c, "live_state") else None
+                                  for c in self.callbacks]
+        if self.values is not None:
+            state["values"] = copy.deepcopy(self.values)
+        return state
+
+    def load_state(self, state, membership=True):
+        """Load what ``state()`` returned (see the module doc for ``membership``);
+        returns the state's epoch."""
+        if state.get("format") != FORMAT:
+            raise ElasticHvdError(f"not a training state of format {FORMAT}: "
+                                  f"{sorted(state) if isinstance(state, dict) else type(state)}")
+        factor = 1.0
+        if "session" in state and runtime.is_initialized():
+            session = runtime.session()
+            factor = session.lr_factor / state["session"]["lr_factor"]
+            session.load_state(state["session"], membership)
+            if membership:
+                factor = 1.0
+        if self.model is not None:
+            _assign(self.model.variables, state["model"], "model")
+        if self.variables is not None:
+            _assign(self.variables, state["variables"], "variables")
+        if self.optimizer is not None:
+            if self.model is not None:
+                build_optimizer(self.optimizer, self.model)
+            _assign(optimizer_variables(self.optimizer), state["optimizer"], "optimizer")
+            set_lr(self.optimizer, state["lr"] * factor)
+            load_momentum_state(self.optimizer, state["momentum"])
+        if self.sampler is not None:
+            self._load_sampler(state["sampler"], state["epoch"], membership)
+        if membership and self.policy is not None:
+            self.policy.load_state(state["policy"])
+        if membership and self.callbacks is not None:
+            self._load_callbacks(state["callbacks"])
+        if self.values is not None:
+            self.values.clear()
+            self.values.update(copy.deepcopy(state["values"]))
+        return state["epoch"]
+
+    def _load_sampler(self, saved, epoch, membership):
+        if membership:
+            self.sampler.batch_size = saved["batch_size"]
+        if saved["epoch"] == epoch:  # mid-epoch: the rest of its queue
+            self.sampler.load_state(saved)
+        else:  # saved before the epoch's first batch was drawn: it starts afresh
+            self.sampler.epoch = epoch - 1
+
+    def _load_callbacks(self, saved):
+        if len(saved) != len(self.callbacks):
+            raise ElasticHvdError("a joining process must train with the same callbacks as "
+                                  f"the job ({len(self.callbacks)} here, {len(saved)} there)")
+        for callback, live in zip(self.callbacks, saved):
+            if live is not None:
+                callback.load_live_state(live)
+
+
+def _assign(variables, values, what):
+    variables = list(variables)
+    if len(variables) != len(values) or any(
+            tuple(v.shape) != tuple(x.shape) for v, x in zip(variables, values)):
+        raise ElasticHvdError(
+            f"the saved {what} does not match this process's ({len(variables)} variables here, "
+            f"{len(values)} saved, or different shapes): build the same model")
+    for variable, value in zip(variables, values):
+        variable.assign(value)

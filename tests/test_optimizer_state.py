@@ -1,0 +1,46 @@
+"""Single-process: the optimizer helpers every Keras flavour goes through."""
+
+import os
+
+import pytest
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+tf = pytest.importorskip("tensorflow")
+
+from elastic_hvd.tensorflow import optimizer_state as opt  # noqa: E402
+
+
+def sgd(momentum=0.9):
+    return tf.keras.optimizers.SGD(0.1, momentum=momentum)
+
+
+def test_overlapping_momentum_corrections_compound_then_restore_to_the_original():
+    optimizer = sgd()
+    opt.momentum_correct(optimizer, 0.1, 0.2)   # a schedule doubles the rate ...
+    opt.momentum_correct(optimizer, 0.2, 0.15)  # ... and a rank loss rescales it, same step
+    assert opt.momentum_state(optimizer) == (pytest.approx(0.9 * 1.5), 0.9)
+    opt.momentum_restore(optimizer)  # the schedule callback's batch end
+    opt.momentum_restore(optimizer)  # the rescaler's: nothing left to undo
+    assert opt.momentum_state(optimizer) == (pytest.approx(0.9), None)
+
+
+def test_momentum_state_travels_with_its_pending_correction():
+    source, target = sgd(), sgd(momentum=0.5)
+    opt.momentum_correct(source, 0.1, 0.05)
+    opt.load_momentum_state(target, opt.momentum_state(source))
+    assert opt.momentum_state(target) == (pytest.approx(0.45), 0.9)
+    opt.momentum_restore(target)
+    assert opt.momentum_state(target) == (pytest.approx(0.9), None)
+    # Loading a state without a pending correction drops the target's own.
+    opt.momentum_correct(target, 0.1, 0.2)
+    opt.load_momentum_state(target, (0.7, None))
+    opt.momentum_restore(target)
+    assert opt.momentum_state(target) == (pytest.approx(0.7), None)
+
+
+def test_no_momentum_no_correction_and_lr_round_trip():
+    optimizer = tf.keras.optimizers.Adam(0.01)
+    opt.momentum_correct(optimizer, 0.01, 0.02)
+    assert opt.momentum_state(optimizer) == (None, None)
+    opt.set_lr(optimizer, 0.03)
+    assert opt.get_lr(optimizer) == pytest.approx(0.03)
