@@ -6,7 +6,8 @@ optimizer variables, learning rate, momentum, session step, the epoch to resume
 at and the sampler's position: the format a joining rank receives), in one
 file, plus the weights in Keras' own format for use outside elastic_hvd.  A
 restarted job loads it without the old job's membership (see
-``TrainingState.load_state``).  How the files are named, written, committed and
+``TrainingState.load_state``): it trains at the rate its own
+script sets for its size.  How the files are named, written, committed and
 kept is :mod:`keras_callbacks.ckpt_files`: a save never touches the files of a
 committed checkpoint, so a writer that dies at any point (and the one that
 takes over) leaves the last committed checkpoint loadable.  Names come from a
@@ -26,6 +27,7 @@ import sys
 import tensorflow as tf
 
 from elastic_hvd.core import runtime
+from elastic_hvd.tensorflow.optimizer_state import get_lr
 from elastic_hvd.tensorflow.training_state import TrainingState
 
 from .ckpt_files import CheckpointFiles
@@ -101,7 +103,14 @@ class ElasticCheckpoint(tf.keras.callbacks.Callback):
     def _read(self, model, entry):
         with open(os.path.join(self.directory, entry["state"]), "rb") as f:
             state = pickle.load(f)
-        return self._training_state(model).load_state(state, membership=False)
+        epoch = self._training_state(model).load_state(state, membership=False)
+        comm = runtime.current() if runtime.is_initialized() else None
+        if comm is not None and comm.rank == 0:
+            print(f"elastic_hvd: resuming at epoch {epoch + 1} from {entry['name']} (written on "
+                  f"{state.get('size', '?')} ranks, now {comm.size}; learning rate "
+                  f"{get_lr(model.optimizer):g}, as this job's script sets it)",
+                  file=sys.stderr, flush=True)
+        return epoch
 
     @contextlib.contextmanager
     def final_on_failure(self):

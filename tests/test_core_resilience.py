@@ -130,10 +130,22 @@ def test_without_ulfm_warns_and_still_works(tmp_path):
     assert [r["elastic"] for r in with_ft.results.values()] == [True, True]
 
 
-
 def test_mpi_without_thread_multiple_is_a_clear_error_on_every_rank(tmp_path):
     # Our heartbeat and spawn threads call MPI: init() must refuse a lower thread level.
     job = run_job("core_scenarios.py", "elastic_flag", np=2, env={"TEST_THREAD_LEVEL": "serialized"},
                   tmp_path=tmp_path, expect_rc=None, timeout=120)
     assert job.returncode != 0 and not job.results
     assert job.output.count("initialized without MPI_THREAD_MULTIPLE") == 2, job.output[-3000:]
+
+
+@pytest.mark.parametrize("delay", ["0", "0.001", "0.003"])
+def test_death_during_init_is_survived(tmp_path, delay):
+    # Rank 2 dies after MPI_Init, as the others duplicate the communicator and
+    # exchange hosts (before: a raw MPI_ERR_PROC_FAILED ended the whole job).
+    job = run_job("core_scenarios.py", "after_init", env={"TEST_DIE_IN_INIT": f"2:{delay}"},
+                  tmp_path=tmp_path)
+    assert sorted(job.results) == [0, 1, 3], job.output[-4000:]
+    for r in job.results.values():
+        assert r["ids"] == [0, 1, 3] and r["size"] == 3
+        assert r["total"] == 1 + 2 + 4
+        assert [e["lost"] for e in r["events"]] == [[2]]

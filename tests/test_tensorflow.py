@@ -101,11 +101,12 @@ def test_one_training_state_for_checkpoints_hvd_elastic_and_a_restart(tmp_path):
     first = saved.results[0]
     assert first["lr"] == pytest.approx(0.05) and first["lr_factor"] == 0.5 and first["step"] > 0
     assert len(first["queue"]) == 40 - 2 * 4  # one committed step of the epoch was drawn
-    # A new job (another seed for its fresh model) resumes it all, and its rate without
-    # the old job's rescaling.
-    again = run_job("tf_scenarios.py", "training_state", "restart", directory, np=2,
+    # A new job on 3 ranks (another seed for its fresh model) resumes it all, at the rate
+    # its script sets for 3 ranks, not the old job's rescaled one.
+    again = run_job("tf_scenarios.py", "training_state", "restart", directory, np=3,
                     tmp_path=tmp_path / "restart", timeout=300)
+    assert "written on 2 ranks, now 3; learning rate 0.15" in again.output
     for r in again.results.values():
         assert (r["digest"], r["optimizer"]) == (first["digest"], first["optimizer"])
         assert r["epoch"] == 1 and r["queue"] == first["queue"] and r["step"] == first["step"]
-        assert r["lr"] == pytest.approx(0.1) and r["lr_factor"] == 1.0
+        assert r["lr"] == pytest.approx(0.15) and r["lr_factor"] == 1.0

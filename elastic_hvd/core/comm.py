@@ -87,22 +87,27 @@ class ResilientComm(CollectivesMixin, GrowthMixin):
             raise RanksBelowMinimumError(self.size, self.min_np, ())
 
     def _start(self, comm):
-        """Make our own communicator from ``comm`` and learn every rank's host and pid
-        (a resilient exchange: a rank that dies during it is left out).
+        """Make our own communicator from ``comm`` and learn every rank's host and pid,
+        leaving out ranks that die meanwhile.
 
-        Not survived: a rank that dies during the ``MPI_Comm_dup`` itself (it fails on
-        some ranks and succeeds on others).  Agreeing on its outcome, or starting from
-        ``MPI_Comm_shrink``, made about one failure-free job in twenty fail an
-        agreement later on (Open MPI 5.0.11, measured), so init() does neither."""
+        ``MPI_Comm_dup`` with a dead member fails on some ranks and succeeds on
+        others (measured); ``MPI_Comm_shrink`` is a copy that ULFM completes
+        uniformly despite failures, so an elastic job starts with it."""
         MPI = self.MPI
+        started = time.perf_counter()
         self.original_id, self.initial_size = comm.rank, comm.size
-        try:
-            own = comm.Dup()
-        except MPI.Exception as exc:
-            raise ElasticHvdError(f"init(): MPI_Comm_dup failed ({exc.Get_error_string()}); "
-                                  "a rank died while the job started") from exc
+        if self.elastic:
+            own = self._shrink(comm)
+            positions = own.Get_group().Translate_ranks(list(range(own.size)), comm.Get_group())
+        else:
+            own, positions = comm.Dup(), list(range(comm.size))
         own.Set_errhandler(MPI.ERRORS_RETURN)
-        self._comm, self._ids = own, list(range(comm.size))
+        self._comm, self._ids = own, list(positions)
+        if own.size < comm.size:
+            self.events.append(MembershipEvent(
+                old_size=comm.size, new_size=own.size,
+                lost=tuple(sorted(set(range(comm.size)) - set(positions))),
+                detect_s=time.perf_counter() - started, sequence=1, during="init"))
         where = (socket.gethostname(), os.getpid())
         everyone = self.run(None, lambda c: c.allgather(where))
         self._procs.update(zip(self._ids, everyone))

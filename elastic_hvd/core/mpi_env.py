@@ -77,10 +77,16 @@ def ulfm_compiled(MPI):
     """True when the MPI library implements the ULFM calls (revoke/shrink/agree)."""
     if not hasattr(MPI.Comm, "Revoke"):
         return False
+    # On a private duplicate: an agreement on COMM_SELF itself takes ERA's identifier
+    # (0.0).1, which Open MPI's own first agreement in a repair reuses -- it then warns
+    # "removing old agreement (0.0).1 from history, due to cycling of identifiers".
+    probe = MPI.COMM_SELF.Dup()
     try:
-        MPI.COMM_SELF.Agree(1)
+        probe.Agree(1)
     except NotImplementedError:
         return False
     except MPI.Exception as exc:  # an MPI without ULFM answers ERR_UNSUPPORTED_OPERATION
         return exc.Get_error_class() != MPI.ERR_UNSUPPORTED_OPERATION
+    finally:
+        probe.Free()
     return True

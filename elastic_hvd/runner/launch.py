@@ -114,7 +114,10 @@ def build_command(args, mpirun=None):
            os.path.abspath(args.host_discovery_script),
            "ELASTIC_HVD_HOSTFILE": args.max_np and args.hostfile and os.path.abspath(args.hostfile),
            "ELASTIC_HVD_DISCOVERY_INTERVAL": args.discovery_interval,
-           "ELASTIC_HVD_OVERSUBSCRIBE": 1 if oversubscribe else None}
+           "ELASTIC_HVD_OVERSUBSCRIBE": 1 if oversubscribe else None,
+           # TF's C++ INFO lines at import (CPU features, oneDNN), times the ranks,
+           # bury the first useful line; its warnings and errors stay.
+           "TF_CPP_MIN_LOG_LEVEL": None if "TF_CPP_MIN_LOG_LEVEL" in os.environ else 1}
     for name, value in env.items():
         if value:
             cmd += ["-x", f"{name}={value}"]

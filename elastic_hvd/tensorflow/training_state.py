@@ -12,12 +12,13 @@ The state is plain Python and NumPy: broadcast as one object, written as one fil
 Some parts describe the running job's *membership*: which membership events its
 handlers applied and the learning-rate factor they produced (the training
 session), the sampler's per-rank batch, the growth policy's counters, the
-callbacks' live state.  They are loaded with ``membership=True`` (a joiner,
-``hvd.elastic``'s sync).  A job restarted from a checkpoint, or a script rolling
-back with ``hvd.elastic``'s ``restore()``, keeps its own (``membership=False``):
-its learning rate is the saved one with the saved elastic factor replaced by its
-own, so a restarted job starts from the unrescaled rate and a rollback keeps the
-rescalings made since the commit.
+callbacks' live state -- and the learning rate, which the membership rescaled.
+They are loaded with ``membership=True`` (a joiner, ``hvd.elastic``'s sync).  A
+job restarted from a checkpoint, or a script rolling back with ``hvd.elastic``'s
+``restore()``, keeps its own (``membership=False``): a restarted job trains at the
+rate its script set for its own size (a schedule callback re-derives its
+position from the epoch), and a rollback keeps the rescalings made since the
+commit.  ``state()`` records the size it was taken at (``size``).
 """
 
 import copy
@@ -52,6 +53,7 @@ class TrainingState:
         state = {"format": FORMAT, "epoch": epoch}
         if runtime.is_initialized():
             state["session"] = runtime.session().state()
+            state["size"] = runtime.current().size
         if self.model is not None:
             state["model"] = [v.numpy() for v in self.model.variables]
         if self.variables is not None:
@@ -79,13 +81,8 @@ class TrainingState:
         if state.get("format") != FORMAT:
             raise ElasticHvdError(f"not a training state of format {FORMAT}: "
                                   f"{sorted(state) if isinstance(state, dict) else type(state)}")
-        factor = 1.0
         if "session" in state and runtime.is_initialized():
-            session = runtime.session()
-            factor = session.lr_factor / state["session"]["lr_factor"]
-            session.load_state(state["session"], membership)
-            if membership:
-                factor = 1.0
+            runtime.session().load_state(state["session"], membership)
         if self.model is not None:
             _assign(self.model.variables, state["model"], "model")
         if self.variables is not None:
@@ -93,8 +90,9 @@ class TrainingState:
         if self.optimizer is not None:
             if self.model is not None:
                 build_optimizer(self.optimizer, self.model)
+            lr = state["lr"] if membership else get_lr(self.optimizer)
             _assign(optimizer_variables(self.optimizer), state["optimizer"], "optimizer")
-            set_lr(self.optimizer, state["lr"] * factor)
+            set_lr(self.optimizer, lr)  # (Keras 3 counts the rate among the variables)
             load_momentum_state(self.optimizer, state["momentum"])
         if self.sampler is not None:
             self._load_sampler(state["sampler"], state["epoch"], membership)

@@ -114,12 +114,36 @@ def elastic_flag(comm):
     report.write(comm.original_id, elastic=comm.elastic)
 
 
+def after_init(comm):
+    """A rank died around init() (see TEST_DIE_IN_INIT): the survivors reduce together."""
+    total = comm.allreduce(np.array([comm.original_id + 1], dtype=np.int64))
+    report.write(comm.original_id, ids=list(comm.ids), events=events(comm),
+                 total=int(total[0]), size=comm.size)
+
+
+def _die_in_init():
+    """TEST_DIE_IN_INIT=<rank>:<delay>: after MPI_Init, that rank is SIGKILLed ``delay``
+    seconds into init() (0: before it starts), by a thread: init() does not choose when."""
+    victim, _, delay = os.environ.get("TEST_DIE_IN_INIT", "").partition(":")
+    if not victim:
+        return
+    from elastic_hvd.core.mpi_env import load_mpi
+    if load_mpi().COMM_WORLD.rank == int(victim):
+        import signal
+        import threading
+        kill = lambda: os.kill(os.getpid(), signal.SIGKILL)  # noqa: E731
+        if float(delay or 0) <= 0:
+            kill()
+        threading.Timer(float(delay), kill).start()
+
+
 def main():
     scenario, args = sys.argv[1], sys.argv[2:]
     if os.environ.get("TEST_THREAD_LEVEL"):  # a script that initialised MPI itself first
         import mpi4py
         mpi4py.rc.thread_level = os.environ["TEST_THREAD_LEVEL"]
         from mpi4py import MPI  # noqa: F401
+    _die_in_init()
     comm = core.init()
     try:
         globals()[scenario](comm, *args)

@@ -137,7 +137,8 @@ def training_state(phase, directory):
 
     comm, session = runtime.current(), runtime.session()
     model = small_model(seed=1 if phase == "restart" else 0)
-    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9)),
+    lr = 0.05 * comm.size  # the linear scaling rule
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(lr, momentum=0.9)),
                   loss="mse")
     sampler = ElasticSampler(comm, 40, 4, seed=3)
     checkpoint = kc.ElasticCheckpoint(directory, sampler=sampler)
@@ -159,7 +160,7 @@ def training_state(phase, directory):
         model.fit(x, y, batch_size=4, epochs=1, verbose=0)
         # A membership change halves the rate (as LearningRateRescaler does).
         session.lr_factor *= 0.5
-        model.optimizer.learning_rate.assign(0.05)
+        model.optimizer.learning_rate.assign(lr * 0.5)
         elastic.batch = 99
         elastic.restore()  # back to the commit, keeping the rescaling made since
         result["rollback"] = {"digest_ok": digest(model.get_weights()) == committed,
