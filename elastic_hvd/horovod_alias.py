@@ -23,8 +23,8 @@ ALIASES = {
     "horovod.tensorflow.keras.callbacks": "elastic_hvd.tensorflow.keras.callbacks",
     "horovod.tensorflow.keras.elastic": "elastic_hvd.tensorflow.keras.elastic",
     "horovod.keras": "elastic_hvd.keras",
-    "horovod.keras.callbacks": "elastic_hvd.tensorflow.keras.callbacks",
-    "horovod.keras.elastic": "elastic_hvd.tensorflow.keras.elastic",
+    "horovod.keras.callbacks": "elastic_hvd.keras.callbacks",
+    "horovod.keras.elastic": "elastic_hvd.keras.elastic",
 }
 
 

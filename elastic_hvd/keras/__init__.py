@@ -2,7 +2,8 @@
 horovod.keras's own parameter order for the optimizers."""
 
 from ..tensorflow.keras import *  # noqa: F401,F403
-from ..tensorflow.keras import Adasum, callbacks, elastic, load_model  # noqa: F401
+from ..tensorflow.keras import Adasum, load_model  # noqa: F401
+from . import callbacks, elastic  # noqa: F401
 from ..tensorflow.keras import DistributedOptimizer as _DistributedOptimizer
 from ..tensorflow.keras import PartialDistributedOptimizer as _PartialDistributedOptimizer
 from ..tensorflow.ops import Average, global_process_set

@@ -15,13 +15,15 @@ from ..core.errors import (MismatchError, NotInitializedError,  # noqa: F401
                            RanksBelowMinimumError, RemoteCollectiveError)
 from . import ops as _ops
 from .compression import Compression  # noqa: F401
-from . import elastic  # noqa: F401
 from .gradients import (DistributedGradientTape, DistributedOptimizer,  # noqa: F401
                         PartialDistributedGradientTape)
 from .ops import (Adasum, Average, Max, Min, Product, ProcessSet, Sum,  # noqa: F401
                   add_process_set, global_process_set, local_rank_op, local_size_op,
                   process_set_included_op, rank_op, remove_process_set, size_op)
 from .timeline import start_timeline, stop_timeline  # noqa: F401
+from .util import (check_num_rank_power_of_2, gpu_available,  # noqa: F401
+                   handle_average_backwards_compatibility, refs_to_vars, split_list,
+                   vars_to_refs)
 
 #: Raised by Horovod when a collective fails; here failures are survived, and the
 #: one that ends training (too few ranks left) is raised on every rank.
@@ -218,3 +220,7 @@ class SyncBatchNormalization:
         raise NotImplementedError(
             "SyncBatchNormalization is not supported by elastic_hvd; use "
             "keras.layers.BatchNormalization (per-rank statistics)")
+
+
+# Last: hvd.elastic re-exports functions defined above, as Horovod's does.
+from . import elastic  # noqa: F401

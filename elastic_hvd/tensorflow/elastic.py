@@ -20,6 +20,8 @@ import functools
 
 from ..core import runtime
 from ..core.growth import GrowthPolicy
+from . import (HorovodInternalError, broadcast_object, broadcast_object_fn,  # noqa: F401
+               broadcast_variables, init, rank, shutdown)
 from .training_state import TrainingState
 
 _policy = None
@@ -40,6 +42,17 @@ class HostsUpdatedInterrupt(Exception):
 def run(func):
     """Decorator for the training function ``func(state, ...)``: syncs the state and
     calls it; again after processes joined (see the module doc)."""
+    return run_fn(func, _no_reset)
+
+
+def _no_reset():
+    """Horovod re-initializes itself here; elastic_hvd's communicator already
+    includes the processes that joined."""
+
+
+def run_fn(func, reset):
+    """``run`` with the step taken when processes joined: ``reset()``, then the
+    state's reset callbacks, before syncing and calling ``func`` again."""
     @functools.wraps(func)
     def wrapper(state, *args, **kwargs):
         comm = runtime.current("hvd.elastic.run")
@@ -50,6 +63,7 @@ def run(func):
             try:
                 return func(state, *args, **kwargs)
             except HostsUpdatedInterrupt:
+                reset()
                 state.on_reset()
     return wrapper
 
@@ -121,10 +135,16 @@ class State:
         self.save()
 
 
-ObjectState = State
+class ObjectState(State):
+    """Horovod's base of the state classes.  Its ``bcast_object`` and ``get_rank`` are
+    accepted and ignored: elastic_hvd syncs through its own broadcast, which survives
+    a rank lost during the sync, from rank 0 of the live communicator."""
+
+    def __init__(self, bcast_object=None, get_rank=None, **kwargs):
+        super().__init__(**kwargs)
 
 
-class TensorFlowState(State):
+class TensorFlowState(ObjectState):
     """State holding TF variables besides the named values."""
 
     def __init__(self, variables=None, session=None, **kwargs):
@@ -137,7 +157,7 @@ class TensorFlowState(State):
         return TrainingState(variables=self._variables, values=self._values)
 
 
-class TensorFlowKerasState(State):
+class TensorFlowKerasState(ObjectState):
     """State of a Keras model and its optimizer, besides the named values."""
 
     def __init__(self, model, optimizer=None, backend=None, **kwargs):

@@ -3,7 +3,7 @@
 import tensorflow as tf
 
 from ..elastic import TensorFlowKerasState as KerasState  # noqa: F401
-from ..elastic import run  # noqa: F401
+from ..elastic import TensorFlowKerasState, run  # noqa: F401
 
 
 class CommitStateCallback(tf.keras.callbacks.Callback):
