@@ -147,7 +147,7 @@ def check_grown(job, out, expected_ids, lost):
 
 def test_respawn_replaces_a_killed_rank_inside_fit(tmp_path, baseline):
     job = fit(tmp_path, faults="rank=2,step=5", launcher=["--respawn"], env=GROW)
-    assert job.returncode == 0
+    assert job.returncode == 0 and "no growth point" not in job.output
     events = check_grown(job, tmp_path / "out", [0, 1, 3, 4], [2])
     assert [(e["lost"], e["gained"]) for e in events] == [([2], []), ([], [4])]
     assert abs(job.results[0]["loss"] - baseline) <= LOSS_TOLERANCE * baseline
@@ -195,6 +195,7 @@ def test_horovod_elastic_api_script_grows_back(tmp_path):
                   timeout=300)
     results = job.results
     assert sorted(results) == [0, 1, 3, 4], job.output[-4000:]
+    assert "no growth point" not in job.output
     assert len({r["digest"] for r in results.values()}) == 1, "weights differ after the join"
     assert {r["batch"] for r in results.values()} == {60}
     assert [results[i]["restarts"] for i in (0, 1, 3)] == [1, 1, 1]

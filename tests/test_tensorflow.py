@@ -110,3 +110,10 @@ def test_one_training_state_for_checkpoints_hvd_elastic_and_a_restart(tmp_path):
         assert (r["digest"], r["optimizer"]) == (first["digest"], first["optimizer"])
         assert r["epoch"] == 1 and r["queue"] == first["queue"] and r["step"] == first["step"]
         assert r["lr"] == pytest.approx(0.15) and r["lr_factor"] == 1.0
+
+
+def test_asked_to_grow_a_script_without_a_growth_point_warns_once(tmp_path):
+    # A plain Horovod-style fit under --respawn: nothing would ever replace a lost rank.
+    job = run_job("tf_scenarios.py", "fit_equivalence", 32, 6, 1, np=2, launcher=["--respawn"],
+                  tmp_path=tmp_path, timeout=300)
+    assert job.output.count("asked to grow (--respawn), but this script has no growth point") == 1

@@ -429,6 +429,11 @@ class GrowthPolicy:
     after ``max_failures`` failures in a row the job stops trying.
     """
 
+    #: Whether this process has a growth point: a policy's ``step`` ran, or the
+    #: script trains under ``hvd.elastic.run`` (whose ``commit`` grows).  A job asked to
+    #: grow by a script without one warns (see :func:`warn_if_cannot_grow`).
+    growth_point = False
+
     def __init__(self, respawn=False, max_np=None, discover=None, interval=5.0,
                  check_every=10, retry_steps=20, max_failures=3):
         self.respawn, self.max_np, self.discover = respawn, max_np, discover
@@ -473,6 +478,7 @@ class GrowthPolicy:
         """Call at every step boundary on every rank: adopts ready joiners (returns
         their event) and spawns new ones when the job is below its target.  In a
         joining process the first call joins (and returns the same event)."""
+        GrowthPolicy.growth_point = True
         if comm.joining:
             return comm.join()
         pending = comm.join_pending
@@ -534,6 +540,29 @@ class GrowthPolicy:
 
         self._thread = threading.Thread(target=loop, name="elastic_hvd-discovery", daemon=True)
         self._thread.start()
+
+
+CANNOT_GROW_WARNING = (
+    "elastic_hvd: WARNING: the job was asked to grow ({what}), but this script has no growth "
+    "point: lost ranks will not be replaced and no ranks added. Train with "
+    "keras_callbacks.ElasticGrowth (in fit_elastic's callbacks) or under hvd.elastic.run with "
+    "state.commit().")
+
+
+def warn_if_cannot_grow(session, comm, environ=os.environ):
+    """Once the first step commits, rank 0 says so if growth was asked for but nothing
+    in the script will ever run a growth policy (a plain Horovod-style ``fit``)."""
+    policy = GrowthPolicy.from_env(environ)
+    if not policy:
+        return
+
+    def check(_ids):
+        session.commits.remove(check)
+        if not GrowthPolicy.growth_point and comm.rank == 0:
+            what = "--respawn" if policy.respawn else f"--max-np {policy.max_np}"
+            print(CANNOT_GROW_WARNING.format(what=what), file=sys.stderr, flush=True)
+
+    session.commits.add(check)
 
 
 def parse_hosts(text):

@@ -70,6 +70,7 @@ def init(comm=None, *, min_np=None, mismatch_timeout=None, stall_timeout=None):
         mismatch_timeout=_setting(mismatch_timeout, "ELASTIC_HVD_MISMATCH_TIMEOUT", 5.0),
         elastic=elastic, heartbeat=heartbeat, parent=growth.merge_with_parent(MPI))
     _session = Session(_current)
+    growth.warn_if_cannot_grow(_session, _current)
     if not _current.joining:  # a joiner learns its id when it joins (see join())
         faults.configure(_current.original_id)
     atexit.register(_at_exit, MPI, heartbeat)

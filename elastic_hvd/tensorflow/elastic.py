@@ -56,6 +56,7 @@ def run_fn(func, reset):
     @functools.wraps(func)
     def wrapper(state, *args, **kwargs):
         comm = runtime.current("hvd.elastic.run")
+        GrowthPolicy.growth_point = True  # state.commit() grows
         if comm.joining:
             growth_policy().step(comm)  # a joining process's first step joins
         while True:
