@@ -19,7 +19,8 @@ class MembershipEventLog(MembershipCallback):
          "new_size": 3, "detect_ms": 38.1, "repair_ms": 0.3, "during": "HorovodGradients",
          "lr_before": 0.04, "lr_after": 0.03}
 
-    ``step`` counts the epoch's steps from 1; the change happened during that step.
+    ``epoch`` and ``step`` count from 1, as Keras prints them ("Epoch 2/5") and as the
+    console line says; the change happened during that step.
     Pass the ``rescaler`` so that ``lr_after`` is the rescaled rate; ``log_dir`` adds
     TensorBoard scalars (``membership/size``, ``membership/recovery_ms``).
     """
@@ -48,7 +49,7 @@ class MembershipEventLog(MembershipCallback):
         if self.rescaler is not None:  # it handled the event already (an earlier ORDER)
             lr_before = next((b for s, b, _ in self.rescaler.changes if s == event.sequence),
                              lr_before)
-        record = {"time": event.wall_time, "epoch": self.epoch, "step": self.step,
+        record = {"time": event.wall_time, "epoch": self.epoch + 1, "step": self.step,
                   "lost": list(event.lost), "gained": list(event.gained),
                   "old_size": event.old_size, "new_size": event.new_size,
                   "detect_ms": round(event.detect_s * 1e3, 3),
@@ -65,7 +66,7 @@ class MembershipEventLog(MembershipCallback):
                                if record[what])
             took = (f"joined in {record['repair_ms']:.1f} ms" if event.gained else
                     f"recovered in {record['detect_ms']:.1f} + {record['repair_ms']:.1f} ms")
-            print(f"\n[elastic_hvd {time.strftime('%H:%M:%S')}] epoch {self.epoch + 1} step "
+            print(f"\n[elastic_hvd {time.strftime('%H:%M:%S')}] epoch {record['epoch']} step "
                   f"{record['step']}: {change}, {event.old_size} -> {event.new_size} ranks, "
                   f"{took}, lr {lr_before:.4g} -> {lr_after:.4g}", flush=True)
         if self.log_dir:

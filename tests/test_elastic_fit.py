@@ -14,6 +14,7 @@ train begin, 2 = step 1's gradients, 3 = broadcast after step 1, 4..9 = steps
 
 import collections
 import json
+import pickle
 
 import pytest
 
@@ -37,7 +38,7 @@ def trained_ids(out, events, abandoned=None):
     """Sample ids per epoch that reached the model: not a lost rank's batch of the
     step it died in (during the gradient reduction), nor any batch of a step that
     was ``abandoned`` (``(epoch, step)``) when too few ranks were left."""
-    lost = {(e["epoch"], e["step"], r) for e in events
+    lost = {(e["epoch"] - 1, e["step"], r) for e in events  # the log counts epochs from 1
             if e["during"] == "HorovodGradients" for r in e["lost"]}
     per_epoch = collections.defaultdict(list)
     for path in out.glob("ids*.jsonl"):
@@ -110,14 +111,16 @@ def test_below_min_np_checkpoints_exits_and_resumes(tmp_path):
     first = fit(tmp_path, faults="rank=1,step=9", launcher=["--min-np", "4"], expect_rc=3)
     assert "Final checkpoint written" in first.output
     meta = json.loads((tmp_path / "out" / "ckpt" / "checkpoint.json").read_text())
-    assert meta["epoch"] == 1 and meta["sampler"]["queue"], meta  # epoch 2, part-way
+    with open(tmp_path / "out" / "ckpt" / meta["state"], "rb") as f:
+        state = pickle.load(f)  # the training state, as a joiner would receive it
+    assert meta["epoch"] == state["epoch"] == 1 and state["sampler"]["queue"]  # epoch 2, part-way
     events = read_lines(tmp_path / "out" / "events.jsonl")
     for path in (tmp_path / "out").glob("rank*.json"):
         path.unlink()
     second = fit(tmp_path)  # the same directory: resumes from the checkpoint
     assert {r["initial_epoch"] for r in second.results.values()} == {1}
     events += read_lines(tmp_path / "out" / "events.jsonl")
-    abandoned = (meta["sampler"]["epoch"], meta["sampler"]["step"])
+    abandoned = (state["sampler"]["epoch"], state["sampler"]["step"])
     per_epoch = trained_ids(tmp_path / "out", events, abandoned)
     # Epoch 2 was trained by both jobs together: still exactly once.
     for epoch, ids in per_epoch.items():

@@ -92,7 +92,10 @@ class ResilientComm(CollectivesMixin, GrowthMixin):
 
         ``MPI_Comm_dup`` with a dead member fails on some ranks and succeeds on
         others (measured); ``MPI_Comm_shrink`` is a copy that ULFM completes
-        uniformly despite failures, so an elastic job starts with it."""
+        uniformly despite failures, so an elastic job starts with it.  Its agreement
+        on ``comm`` takes ERA's first identifier, which no earlier agreement of this
+        process may hold (see ``mpi_env.ulfm_compiled``): a stale entry of that name
+        in ERA's history is what a late rank could answer a peer's query with."""
         MPI = self.MPI
         started = time.perf_counter()
         self.original_id, self.initial_size = comm.rank, comm.size

@@ -152,8 +152,9 @@ def _leave_together():
             print(f"elastic_hvd: rank {_current.rank} (original {_current.original_id}) leaves "
                   f"the job; the other ranks go on without it ({exc})", file=sys.stderr, flush=True)
             os._exit(_exit_status or 0)
-        except Exception as exc:  # below min_np, or a failure at the very end
-            print(f"elastic_hvd: final barrier failed: {exc}", file=sys.stderr)
+        except Exception as exc:  # below min_np (said already), or a failure at the very end
+            if _current.below_min_np is None:
+                print(f"elastic_hvd: final barrier failed: {exc}", file=sys.stderr)
 
 
 _exit_status = None

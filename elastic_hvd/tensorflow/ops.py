@@ -14,7 +14,7 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from ..core import ReduceOp, runtime
+from ..core import ElasticHvdError, ReduceOp, runtime
 from ..core.collectives import even_splits
 from . import timeline
 
@@ -102,6 +102,10 @@ def _numpy_op(name, fn, inputs, tout):
         started = time.perf_counter()
         try:
             return fn(*arrays)
+        except ElasticHvdError as exc:
+            # TF logs an op's error with its traceback on every rank; ours are
+            # complete sentences, and our frames would bury them (~60 lines a rank).
+            raise exc.with_traceback(None) from None
         finally:
             comm.label = outer
             timeline.record(name, started, time.perf_counter())
