@@ -149,3 +149,10 @@ def test_death_during_init_is_survived(tmp_path, delay):
         assert r["ids"] == [0, 1, 3] and r["size"] == 3
         assert r["total"] == 1 + 2 + 4
         assert [e["lost"] for e in r["events"]] == [[2]]
+
+
+def test_a_bad_setting_stops_every_rank_at_start_naming_the_variable(tmp_path):
+    job = run_job("core_scenarios.py", "elastic_flag", np=2, env={"ELASTIC_HVD_STALL_TIMEOUT": "soon"},
+                  tmp_path=tmp_path, expect_rc=None, timeout=120)
+    assert job.returncode != 0 and not job.results
+    assert job.output.count("ELASTIC_HVD_STALL_TIMEOUT='soon'") == 2, job.output[-3000:]

@@ -7,7 +7,7 @@ import pytest
 
 from elastic_hvd.core import faults
 from elastic_hvd.core.collectives import even_splits
-from elastic_hvd.core.mpi_env import heartbeat_settings
+from elastic_hvd.core import config
 from elastic_hvd.core.signature import SignaturePredictor
 from elastic_hvd.runner import launch
 
@@ -80,11 +80,25 @@ def test_even_splits():
     assert even_splits(2, 4) == [1, 1, 0, 0]
 
 
-def test_heartbeat_settings_validate(monkeypatch):
-    monkeypatch.setenv("ELASTIC_HVD_HEARTBEAT_PERIOD", "1")
-    monkeypatch.setenv("ELASTIC_HVD_HEARTBEAT_TIMEOUT", "2")
-    with pytest.raises(ValueError, match="3 x period"):
-        heartbeat_settings()
+def test_settings_are_checked_and_named():
+    with pytest.raises(ValueError, match="must exceed 3 x ELASTIC_HVD_HEARTBEAT_PERIOD"):
+        config.from_environ({"ELASTIC_HVD_HEARTBEAT_PERIOD": "1",
+                             "ELASTIC_HVD_HEARTBEAT_TIMEOUT": "2"})
+    with pytest.raises(ValueError, match="ELASTIC_HVD_MIN_NP='0': must be at least 1"):
+        config.from_environ({"ELASTIC_HVD_MIN_NP": "0"})
+    with pytest.raises(ValueError, match="ELASTIC_HVD_STALL_TIMEOUT='soon'"):
+        config.from_environ({"ELASTIC_HVD_STALL_TIMEOUT": "soon"})
+    with pytest.raises(ValueError, match="ELASTIC_HVD_RESPAWN='maybe'"):
+        config.from_environ({"ELASTIC_HVD_RESPAWN": "maybe"})
+    settings = config.from_environ({"ELASTIC_HVD_RESPAWN": "1", "HOROVOD_FUSION_THRESHOLD": "0",
+                                    "ELASTIC_HVD_MAX_NP": "8"})
+    assert (settings.respawn, settings.fusion_threshold, settings.max_np) == (True, 0, 8)
+    assert config.from_environ({}) == config.Config()
+
+
+def test_readme_lists_every_setting():
+    readme = open(os.path.join(os.path.dirname(__file__), "..", "README.md")).read()
+    assert config.table() in readme, "README's settings table differs: paste config.table()"
 
 
 def test_launcher_command_uses_our_mpirun_and_ulfm(tmp_path):

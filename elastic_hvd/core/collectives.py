@@ -7,11 +7,11 @@ inside the attempt from the *current* communicator, and data-movement
 collectives travel as bytes so that every dtype (float16, bool...) is supported.
 """
 
-import os
 import pickle
 
 import numpy as np
 
+from . import config
 from .ops import ReduceOp, check_op, mpi_ops
 
 # Dtypes MPI reduces natively; float16 is reduced in float32 and cast back.
@@ -59,23 +59,19 @@ def _finish_reduce(out, dtype, divisor, postscale_factor, scaled=False):
     return out.astype(dtype, copy=False)
 
 
-#: Large allreduces go through MPI in pieces of this many bytes (env
-#: ``ELASTIC_HVD_ALLREDUCE_PIECE_BYTES``; 0 = one call).  Measured with Open MPI 5
-#: on 2 cores, 64 MiB float32 on 2 ranks: one call 31 ms, 1 MiB pieces 9.6 ms.  A
-#: whole-buffer call has Open MPI allocate a temporary above glibc's mmap threshold
-#: (page faults on every call) and stream it through memory twice; 1 MiB pieces
-#: stay in cache and reuse one temporary.
-ALLREDUCE_PIECE_BYTES = int(os.environ.get("ELASTIC_HVD_ALLREDUCE_PIECE_BYTES", 1 << 20))
+def _allreduce_pieces(comm, send, target, mpi_op, scale, piece_bytes):
+    """``target`` = reduction of ``send`` over ``comm``, ``piece_bytes`` at a time
+    (``config.allreduce_piece_bytes``, 1 MiB; 0: one call).
 
-
-def _allreduce_pieces(comm, send, target, mpi_op, scale):
-    """``target`` = reduction of ``send`` over ``comm``, one piece at a time.
+    Why pieces: a whole-buffer call has Open MPI allocate a temporary above glibc's
+    mmap threshold (page faults on every call) and stream it through memory twice;
+    1 MiB pieces stay in cache and reuse one temporary (64 MiB float32, 2 ranks,
+    Open MPI 5.0.11 on 2 cores: one call 31 ms, 1 MiB pieces 9.6 ms).
 
     ``scale`` (a float, or None for integers) multiplies each reduced piece while
     it is still in cache, which saves a second pass over a large result.
     """
-    step = max(1, ALLREDUCE_PIECE_BYTES // send.itemsize) if ALLREDUCE_PIECE_BYTES > 0 \
-        else send.size
+    step = max(1, piece_bytes // send.itemsize) if piece_bytes > 0 else send.size
     if step >= send.size:  # one piece: the common small call, without slicing
         comm.Allreduce(send, target, op=mpi_op)
         if scale is not None:
@@ -113,9 +109,10 @@ class CollectivesMixin:
         allocation per call.  Integer averages are floored.
         """
         x = _contiguous(array)
+        pieces = config.current().allreduce_piece_bytes
         # The piece size is part of the call: ranks cutting differently would mismatch.
         signature = ("allreduce", x.dtype.str, x.shape, int(op),
-                     float(prescale_factor), float(postscale_factor), ALLREDUCE_PIECE_BYTES)
+                     float(prescale_factor), float(postscale_factor), pieces)
 
         def attempt(comm):  # validation happens here, once ranks agree on the call
             mpi_op = self._mpi_op(check_op(op))
@@ -127,7 +124,7 @@ class CollectivesMixin:
             divisor = comm.size if op == ReduceOp.AVERAGE else 1
             scale = None if target.dtype.kind in "iu" or postscale_factor / divisor == 1.0 \
                 else target.dtype.type(postscale_factor / divisor)
-            _allreduce_pieces(comm, send, target, mpi_op, scale)
+            _allreduce_pieces(comm, send, target, mpi_op, scale, pieces)
             return target, comm.size
 
         result, size = self.run(signature, attempt)

@@ -42,6 +42,7 @@ import signal as _signal
 import threading
 import time
 
+from . import config
 from .errors import FaultInjected
 
 ENV = "ELASTIC_HVD_FAULTS"
@@ -182,7 +183,7 @@ _plan = None
 def configure(original_id, spec=None):
     """Load this process's plan (from ``spec`` or the environment); called by init()."""
     global _plan
-    _plan = FaultPlan(parse(os.environ.get(ENV, "") if spec is None else spec), original_id)
+    _plan = FaultPlan(parse(config.current().faults if spec is None else spec), original_id)
     return _plan
 
 

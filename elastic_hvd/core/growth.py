@@ -37,7 +37,7 @@ import time
 
 import numpy as np
 
-from . import faults
+from . import config, faults
 from .errors import ElasticHvdError, RanksBelowMinimumError
 from .membership import MembershipEvent
 
@@ -47,8 +47,8 @@ JOIN_LABEL = "ElasticJoin"
 
 def spawn_timeout():
     """Seconds the running ranks wait for a spawn (start, MPI_Init, merge) before they
-    give it up (``ELASTIC_HVD_SPAWN_TIMEOUT``, default 60; normally it takes ~1.5 s)."""
-    return float(os.environ.get("ELASTIC_HVD_SPAWN_TIMEOUT", 60.0))
+    give it up (``config.spawn_timeout``, 60; normally it takes ~1.5 s)."""
+    return config.current().spawn_timeout
 
 
 class JoinOrderError(ElasticHvdError):
@@ -251,8 +251,7 @@ class GrowthMixin:
         info.Set("wdir", os.getcwd())
         if hosts:
             info.Set("host", ",".join(hosts))
-        if oversubscribe if oversubscribe is not None else \
-                os.environ.get("ELASTIC_HVD_OVERSUBSCRIBE") == "1":
+        if oversubscribe if oversubscribe is not None else config.current().oversubscribe:
             info.Set("map_by", ":OVERSUBSCRIBE")
         self._spawns += 1
         executable, args = joiner_command(faults.for_joiner(self._spawns))
@@ -446,21 +445,19 @@ class GrowthPolicy:
         self._thread = None
 
     @classmethod
-    def from_env(cls, environ=os.environ):
+    def from_env(cls, environ=None):
         """The policy ``elastic-hvd-run --respawn / --max-np / --host-discovery-script``
-        asked for (through ``ELASTIC_HVD_*`` variables)."""
-        script = environ.get("ELASTIC_HVD_HOST_DISCOVERY")
-        hostfile = environ.get("ELASTIC_HVD_HOSTFILE")
+        asked for (the settings of :mod:`.config`, from ``environ`` if given)."""
+        settings = config.current() if environ is None else config.from_environ(environ)
+        script, hostfile = settings.host_discovery, settings.hostfile
         discover = None
         if script:
             discover = lambda: discover_hosts(script)  # noqa: E731
         elif hostfile:
             discover = lambda: read_hostfile(hostfile)  # noqa: E731
-        max_np = environ.get("ELASTIC_HVD_MAX_NP")
-        return cls(respawn=environ.get("ELASTIC_HVD_RESPAWN") == "1",
-                   max_np=int(max_np) if max_np else None, discover=discover,
-                   interval=float(environ.get("ELASTIC_HVD_DISCOVERY_INTERVAL", 5.0)),
-                   check_every=int(environ.get("ELASTIC_HVD_DISCOVERY_CHECK_EVERY", 10)))
+        return cls(respawn=settings.respawn, max_np=settings.max_np, discover=discover,
+                   interval=settings.discovery_interval,
+                   check_every=settings.discovery_check_every)
 
     def __bool__(self):
         return bool(self.respawn or (self.max_np and self.discover))
@@ -549,10 +546,10 @@ CANNOT_GROW_WARNING = (
     "state.commit().")
 
 
-def warn_if_cannot_grow(session, comm, environ=os.environ):
+def warn_if_cannot_grow(session, comm):
     """Once the first step commits, rank 0 says so if growth was asked for but nothing
     in the script will ever run a growth policy (a plain Horovod-style ``fit``)."""
-    policy = GrowthPolicy.from_env(environ)
+    policy = GrowthPolicy.from_env()
     if not policy:
         return
 

