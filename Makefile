@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 # tensorflow-cpu by default; GPU users: make TF_EXTRA=gpu ...
 TF_EXTRA ?= cpu
 
-.PHONY: install test test-fast test-tf215 demo bench bench-core bench-horovod bench-growth clean
+.PHONY: install lint test test-fast test-tf215 demo bench bench-core bench-horovod bench-growth clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,7 +19,11 @@ $(VENV)/.installed: pyproject.toml
 
 install: $(VENV)/.installed
 
-test: install
+# Linter (ruff; settings in pyproject.toml): run first by `make test`.
+lint: install
+	$(PY) -m ruff check .
+
+test: lint
 	$(PY) -m pytest -q tests
 
 # Single-process tests only (seconds).

@@ -24,7 +24,7 @@ def job(np_, script, *args, ft=True):
     cmd += [] if ft else ["--no-ft"]
     cmd += ["python", os.path.join(HERE, script), *map(str, args)]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=600).stdout
-    lines = [l for l in out.splitlines() if l.startswith("RESULT ")]
+    lines = [line for line in out.splitlines() if line.startswith("RESULT ")]
     if not lines:
         raise RuntimeError(f"no result from {cmd}:\n{out[-3000:]}")
     return json.loads(lines[-1][7:])
@@ -35,7 +35,8 @@ def human(nbytes):
 
 
 def allreduce_table():
-    lines = ["| ranks | FT | size | raw mpi4py | ours | ours/raw time | raw bus GB/s | ours bus GB/s |",
+    lines = ["| ranks | FT | size | raw mpi4py | ours | ours/raw time "
+             "| raw bus GB/s | ours bus GB/s |",
              "|---|---|---|---|---|---|---|---|"]
     for np_ in (2, 4):
         for ft in (True, False):
@@ -55,7 +56,8 @@ def recovery_table(runs):
     for _ in range(runs):
         with tempfile.TemporaryDirectory() as tmp:
             results.append(job(4, "recovery_worker.py", 2, os.path.join(tmp, "stamp")))
-    med = {k: statistics.median(r[k] for r in results) for k in ("recovery_s", "detect_s", "repair_s")}
+    med = {k: statistics.median(r[k] for r in results)
+           for k in ("recovery_s", "detect_s", "repair_s")}
     return ("| ranks | runs | SIGKILL → next collective done (median) | detection (median) "
             "| revoke+shrink (median) | all runs (ms) |\n|---|---|---|---|---|---|\n"
             f"| 4 → 3 | {runs} | {med['recovery_s'] * 1e3:.1f} ms | {med['detect_s'] * 1e3:.1f} ms "

@@ -96,7 +96,8 @@ def main():
         med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
         kill = f"{med['kill_to_train_s']:.2f}" if "kill_to_train_s" in med else \
             f"(+2 ranks: {med['all_joined_s']:.2f} in all)"
-        print(f"| {kind} | {med['size']:.0f} | {kill} | {med['spawn_s']:.2f} | {med['join_s']:.2f} |")
+        print(f"| {kind} | {med['size']:.0f} | {kill} | {med['spawn_s']:.2f} "
+              f"| {med['join_s']:.2f} |")
 
 
 if __name__ == "__main__":

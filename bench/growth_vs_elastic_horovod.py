@@ -97,7 +97,8 @@ def main():
     print("|---|---|---|---|---|")
     for impl, name in (("elastic", "elastic_hvd"), ("horovod", "Elastic Horovod 0.28.1")):
         r = rows[impl]
-        print(f"| {name} | {r['to_3']:.2f} | {r['to_4']:.2f} | {r['pause']:.2f} | {r['redone']:.0f} |")
+        print(f"| {name} | {r['to_3']:.2f} | {r['to_4']:.2f} | {r['pause']:.2f} "
+              f"| {r['redone']:.0f} |")
 
 
 if __name__ == "__main__":

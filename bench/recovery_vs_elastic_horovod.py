@@ -105,9 +105,10 @@ def main():
                      + ", ".join(f"{r['recovery_s']:.3f}" for r in results) + " |")
         print(table[-1], flush=True)
     if len(medians) == 2:
+        horovod, elastic = medians["horovod"], medians["elastic"]
         table.append(f"\nElastic Horovod / elastic_hvd: kill → next step "
-                     f"{medians['horovod']['recovery_s'] / medians['elastic']['recovery_s']:.0f}x, "
-                     f"time lost {medians['horovod']['lost_s'] / medians['elastic']['lost_s']:.0f}x")
+                     f"{horovod['recovery_s'] / elastic['recovery_s']:.0f}x, "
+                     f"time lost {horovod['lost_s'] / elastic['lost_s']:.0f}x")
     text = "\n".join(table)
     print(text)
     os.makedirs(os.path.join(ROOT, "bench", "results"), exist_ok=True)

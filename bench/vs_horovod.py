@@ -28,7 +28,7 @@ def launch(impl, venv_bin, np_, what, extra=()):
         cmd = [os.path.join(venv_bin, "elastic-hvd-run"), "-np", str(np_), "python"]
     cmd += [WORKER, "--impl", impl, "--what", what, *extra]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=900).stdout
-    lines = [l for l in out.splitlines() if l.startswith("RESULT ")]
+    lines = [line for line in out.splitlines() if line.startswith("RESULT ")]
     if not lines:
         raise RuntimeError(f"no result from {' '.join(cmd)}:\n{out[-3000:]}")
     return json.loads(lines[-1][7:])
@@ -49,7 +49,8 @@ def main():
     args = p.parse_args()
     setups = [("horovod", HVD_VENV, "Horovod 0.28.1"), ("elastic", HVD_VENV, "elastic_hvd"),
               ("elastic", os.path.dirname(sys.executable), "elastic_hvd")]
-    rows = ["| workload | ranks | implementation | TF | median | vs Horovod |", "|---|---|---|---|---|---|"]
+    rows = ["| workload | ranks | implementation | TF | median | vs Horovod |",
+            "|---|---|---|---|---|---|"]
     for what, np_, label, key, unit, better_high in [
         ("allreduce", 2, "allreduce 1 KiB", lambda r: r["allreduce"][0]["median_s"], "µs", False),
         ("allreduce", 2, "allreduce 64 MiB", lambda r: r["allreduce"][1]["median_s"], "ms", False),

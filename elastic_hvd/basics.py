@@ -67,7 +67,7 @@ def cross_size():
 def cross_rank():
     comm = _comm("hvd.cross_rank()")
     local = _local_ranks(comm)
-    return [r for r, l in enumerate(local) if l == local[comm.rank]].index(comm.rank)
+    return [r for r, lr in enumerate(local) if lr == local[comm.rank]].index(comm.rank)
 
 
 def is_homogeneous():

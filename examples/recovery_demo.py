@@ -33,8 +33,8 @@ def main(steps=60, features=256, batch=512):
         w -= 0.05 * grad
         loss = comm.allreduce(np.array([np.mean((x @ w - y) ** 2)]), op=core.Average)[0]
         if comm.rank == 0 and (step % 10 == 0 or comm.events and comm.events[-1].sequence == step):
-            print(f"{step:4d}  {comm.size:5d}  {loss:.6f}  {1e3 * (time.perf_counter() - started):.1f} ms",
-                  flush=True)
+            elapsed_ms = 1e3 * (time.perf_counter() - started)
+            print(f"{step:4d}  {comm.size:5d}  {loss:.6f}  {elapsed_ms:.1f} ms", flush=True)
     if comm.rank == 0:
         print(f"done on {comm.size} of {comm.initial_size} ranks; events: "
               f"{[e.as_dict() for e in comm.events]}", flush=True)

@@ -140,7 +140,8 @@ class CheckpointFiles:
             except Exception as exc:  # noqa: BLE001 -- any unreadable file: try the older one
                 error = exc
                 warnings.warn(f"checkpoint {entry.get('name', entry['files'])} unreadable "
-                              f"({type(exc).__name__}: {exc}); trying an older one")
+                              f"({type(exc).__name__}: {exc}); trying an older one",
+                              stacklevel=2)
         if error is not None:
             raise error
         return None

@@ -21,7 +21,8 @@ import math
 
 from elastic_hvd.core import runtime
 from elastic_hvd.core import session as _session
-from elastic_hvd.tensorflow.keras.callbacks import get_lr, momentum_correct, momentum_restore, set_lr
+from elastic_hvd.tensorflow.keras.callbacks import (get_lr, momentum_correct, momentum_restore,
+                                                    set_lr)
 
 from .base import MembershipCallback
 

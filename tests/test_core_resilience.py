@@ -82,7 +82,8 @@ def test_hung_rank_is_evicted(tmp_path):
 
 def test_deadlocked_rank_is_evicted_by_stall_watchdog(tmp_path):
     # SIGSTOP freezes the heartbeat too; a deadlocked rank keeps beating, so the
-    # stall watchdog turns its hang into a crash (the others wait for it).  Rank 1 "deadlocks" by sleeping.
+    # stall watchdog turns its hang into a crash (the others wait for it).
+    # Rank 1 "deadlocks" by sleeping.
     job = run_job("core_scenarios.py", "keep_going", "6", faults="rank=1,coll=2,signal=RAISE",
                   launcher=["--stall-timeout", "3"], tmp_path=tmp_path, timeout=90,
                   env={"TEST_DEADLOCK_ON_FAULT": "1"})
@@ -132,7 +133,8 @@ def test_without_ulfm_warns_and_still_works(tmp_path):
 
 def test_mpi_without_thread_multiple_is_a_clear_error_on_every_rank(tmp_path):
     # Our heartbeat and spawn threads call MPI: init() must refuse a lower thread level.
-    job = run_job("core_scenarios.py", "elastic_flag", np=2, env={"TEST_THREAD_LEVEL": "serialized"},
+    job = run_job("core_scenarios.py", "elastic_flag", np=2,
+                  env={"TEST_THREAD_LEVEL": "serialized"},
                   tmp_path=tmp_path, expect_rc=None, timeout=120)
     assert job.returncode != 0 and not job.results
     assert job.output.count("initialized without MPI_THREAD_MULTIPLE") == 2, job.output[-3000:]

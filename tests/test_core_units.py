@@ -45,7 +45,8 @@ def test_joiner_fault_goes_to_the_process_of_its_spawn(monkeypatch):
 
 
 def test_fault_plan_fires_only_on_its_rank_and_moment():
-    plan = faults.FaultPlan(faults.parse("rank=2,coll=3,signal=RAISE;rank=1,step=5,signal=RAISE"), 2)
+    plan = faults.FaultPlan(
+        faults.parse("rank=2,coll=3,signal=RAISE;rank=1,step=5,signal=RAISE"), 2)
     plan.at_collective()
     plan.at_collective()
     plan.at_step(5)  # rank 1's fault: not ours

@@ -1,4 +1,5 @@
-"""The Fruits 360 example, tiny: 4 classes of the stand-in, 32x32, 12 short epochs, 3 ranks, one kill."""
+"""The Fruits 360 example, tiny: 4 classes of the stand-in, 32x32, 12 short epochs, 3 ranks,
+one kill."""
 
 import json
 

@@ -63,7 +63,7 @@ def test_hung_rank_is_killed_with_a_message_and_the_others_go_on(tmp_path):
     job = run_job("liveness.py", "hang", 1, 600, launcher=["--stall-timeout", "3"],
                   tmp_path=tmp_path, timeout=120)
     assert_uniform(job, [0, 2, 3])
-    lines = [l for l in job.output.splitlines() if "no progress" in l]
+    lines = [line for line in job.output.splitlines() if "no progress" in line]
     assert len(lines) == 1 and "original rank 1" in lines[0], job.output[-4000:]
     [event] = job.results[0]["events"]
     assert event["lost"] == [1] and event["detect_s"] < 12.0
@@ -76,5 +76,5 @@ def test_whole_job_stall_kills_nobody_and_says_so(tmp_path):
     job = run_job("liveness.py", "hang", -1, 6, launcher=["--stall-timeout", "2"],
                   tmp_path=tmp_path, timeout=120)
     assert_uniform(job, [0, 1, 2, 3])
-    warnings = [l for l in job.output.splitlines() if "no progress" in l]
-    assert warnings and all("not killing" in l for l in warnings), job.output[-4000:]
+    warnings = [line for line in job.output.splitlines() if "no progress" in line]
+    assert warnings and all("not killing" in line for line in warnings), job.output[-4000:]

@@ -241,7 +241,8 @@ class CollectivesMixin:
 
         def attempt(comm):
             root = self._root(ids, root_rank)
-            payload = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL) if comm.rank == root else b""
+            payload = (pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+                       if comm.rank == root else b"")
             length = np.array([len(payload)], dtype=np.int64)
             comm.Bcast(length, root=root)
             data = np.frombuffer(payload, dtype=np.uint8) if comm.rank == root \

@@ -282,7 +282,6 @@ class ResilientComm(CollectivesMixin, GrowthMixin):
     # -- repair -------------------------------------------------------------------
     def _repair(self, started):
         """Revoke, shrink to the survivors, record and announce who was lost."""
-        MPI = self.MPI
         detected = time.perf_counter()
         old, old_ids = self._comm, self._ids
         self._revoke(old)

@@ -71,7 +71,7 @@ class Session:
                 return
             first = min(self._applied.get(kind, 0) for _, kind, _ in pending)
             event = events[first]
-            for order, kind, handler in sorted(pending, key=lambda p: p[0]):
+            for _order, kind, handler in sorted(pending, key=lambda p: p[0]):
                 if self._applied.get(kind, 0) == first:
                     self._applied[kind] = first + 1
                     handler(event)

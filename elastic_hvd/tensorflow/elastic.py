@@ -150,7 +150,8 @@ class TensorFlowState(ObjectState):
 
     def __init__(self, variables=None, session=None, **kwargs):
         if session is not None:
-            raise NotImplementedError("TF1 sessions are not supported by elastic_hvd's elastic state")
+            raise NotImplementedError(
+                "TF1 sessions are not supported by elastic_hvd's elastic state")
         self._variables = list(variables or [])
         super().__init__(**kwargs)
 

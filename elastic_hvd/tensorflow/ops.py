@@ -1,11 +1,12 @@
 """TensorFlow ops over the resilient core, eager and inside ``tf.function``.
 
 Each collective is one ``tf.numpy_function`` (stateful), which calls the core
-with numpy views of the tensors (eagerly, the core is called directly).  Being stateful, the ops keep program order
-under ``tf.function``'s automatic control dependencies, so every rank issues its
-collectives in the same order.  Everything that depends on the membership
-(averaging, rank, size) is computed inside the op when it runs, never traced
-into the graph: a compiled step keeps averaging over the survivors after a loss.
+with numpy views of the tensors (eagerly, the core is called directly).  Being
+stateful, the ops keep program order under ``tf.function``'s automatic control
+dependencies, so every rank issues its collectives in the same order.  Everything
+that depends on the membership (averaging, rank, size) is computed inside the op
+when it runs, never traced into the graph: a compiled step keeps averaging over
+the survivors after a loss.
 """
 
 import time
@@ -249,7 +250,7 @@ def reduce_together(groups, sparse, op, prescale_factor=1.0, postscale_factor=1.
         per_group.append(reduced[start:start + count])
         start += count
     gathered = []
-    for k, (values, indices) in enumerate(sparse):
+    for k, (values, _indices) in enumerate(sparse):
         v, i = outputs[len(dense) + 2 * k], outputs[len(dense) + 2 * k + 1]
         v.set_shape(tf.TensorShape([None]).concatenate(values.shape[1:]))
         i.set_shape([None])

@@ -18,7 +18,7 @@ def gpu_available(ext_base_name, verbose=False):
     return cuda_built() or rocm_built()
 
 
-def split_list(l, n):
+def split_list(l, n):  # noqa: E741 -- Horovod's parameter name (keyword calls, API parity)
     """``l`` cut into ``n`` consecutive chunks whose lengths differ by at most one."""
     size, extra = divmod(len(l), n)
     bounds = [i * size + min(i, extra) for i in range(n + 1)]

@@ -63,15 +63,17 @@ class EpochReport(tf.keras.callbacks.Callback):
                "t": time.time() - self.started}
         self.epochs.append(row)
         if self.comm.rank == 0:
-            print(f"{row['epoch']:>5} {row['ranks']:>5} {row['loss']:>8.4f} {row['train_acc']:>9.3f} "
-                  f"{row['test_acc']:>8.3f} {row['img_per_s']:>8.1f} {row['seconds']:>8.1f}",
+            print(f"{row['epoch']:>5} {row['ranks']:>5} {row['loss']:>8.4f} "
+                  f"{row['train_acc']:>9.3f} {row['test_acc']:>8.3f} {row['img_per_s']:>8.1f} "
+                  f"{row['seconds']:>8.1f}",
                   flush=True)
 
 
 def describe(event):
     """'lost rank(s) [2]' / 'gained rank(s) [4]' and how long it took."""
     if event["gained"]:
-        return f"gained rank(s) {event['gained']}", f"joined {event['repair_ms'] / 1e3:.1f} s after its spawn"
+        return f"gained rank(s) {event['gained']}", \
+            f"joined {event['repair_ms'] / 1e3:.1f} s after its spawn"
     return f"lost rank(s) {event['lost']}", \
         f"recovered in {event['detect_ms'] + event['repair_ms']:.1f} ms"
 

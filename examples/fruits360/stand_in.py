@@ -41,10 +41,10 @@ def _shape(draw, shape, cx, cy, r, colour):
         draw.ellipse([cx - r * 1.2, cy - r * 0.8, cx + r * 1.2, cy + r * 0.8], fill=colour)
     elif shape == "lemon":
         draw.ellipse([cx - r * 1.1, cy - r * 0.8, cx + r * 1.1, cy + r * 0.8], fill=colour)
-        draw.polygon([(cx - r * 1.35, cy), (cx - r * 0.9, cy - r * 0.3), (cx - r * 0.9, cy + r * 0.3)],
-                     fill=colour)
-        draw.polygon([(cx + r * 1.35, cy), (cx + r * 0.9, cy - r * 0.3), (cx + r * 0.9, cy + r * 0.3)],
-                     fill=colour)
+        draw.polygon([(cx - r * 1.35, cy), (cx - r * 0.9, cy - r * 0.3),
+                      (cx - r * 0.9, cy + r * 0.3)], fill=colour)
+        draw.polygon([(cx + r * 1.35, cy), (cx + r * 0.9, cy - r * 0.3),
+                      (cx + r * 0.9, cy + r * 0.3)], fill=colour)
     elif shape == "crescent":
         draw.ellipse([cx - r * 1.3, cy - r, cx + r * 1.3, cy + r], fill=colour)
         draw.ellipse([cx - r * 1.3, cy - r * 1.5, cx + r * 1.3, cy + r * 0.4], fill=(255, 255, 255))
@@ -62,8 +62,8 @@ def _shape(draw, shape, cx, cy, r, colour):
                      fill=colour)
         draw.ellipse([cx - r, cy - r, cx, cy], fill=colour)
         draw.ellipse([cx, cy - r, cx + r, cy], fill=colour)
-        draw.polygon([(cx - r * 0.4, cy - r * 0.9), (cx + r * 0.4, cy - r * 0.9), (cx, cy - r * 0.5)],
-                     fill=(40, 140, 40))
+        draw.polygon([(cx - r * 0.4, cy - r * 0.9), (cx + r * 0.4, cy - r * 0.9),
+                      (cx, cy - r * 0.5)], fill=(40, 140, 40))
 
 
 def _texture(image, texture, colour, rng):

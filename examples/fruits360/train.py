@@ -46,7 +46,8 @@ def parse_args(argv=None):
                    help="a number (the first N classes) or comma-separated class names")
     p.add_argument("--standin-train", type=int, default=100, help="stand-in images per class")
     p.add_argument("--standin-test", type=int, default=34)
-    p.add_argument("--image-size", type=int, default=64, help="model input size (images are 100x100)")
+    p.add_argument("--image-size", type=int, default=64,
+                   help="model input size (images are 100x100)")
     p.add_argument("--bn-momentum", type=float, default=0.9,
                    help="BatchNormalization momentum (Keras' 0.999 needs thousands of steps "
                         "before its moving statistics are usable)")

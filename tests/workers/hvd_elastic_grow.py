@@ -51,9 +51,9 @@ def main(steps):
     @hvd.elastic.run
     def train(state):
         start = state.batch
+        commit = hvd.elastic.CommitStateCallback(state, batches_per_commit=2)
         model.fit(x[start * BATCH:], y[start * BATCH:], batch_size=BATCH, epochs=1, shuffle=False,
-                  verbose=0, callbacks=[Steps(start),
-                                        hvd.elastic.CommitStateCallback(state, batches_per_commit=2)])
+                  verbose=0, callbacks=[Steps(start), commit])
 
     train(state)
     comm = runtime.current()

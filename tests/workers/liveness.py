@@ -9,7 +9,6 @@ rank reports its membership events, a digest of its last result and timings.
 
 import ctypes
 import hashlib
-import os
 import sys
 import time
 

@@ -57,19 +57,24 @@ def main():
                   and close(grouped[1], reference(inputs, "Sum")[:1]))
             parts = [data(r, dtype, (r + 1, 2)) for r in range(n)]
             got = wrap(hvd.allgather)(tf.constant(parts[me]))
-            check(f"{mode} allgather {dtype.name}", np.array_equal(got.numpy(), np.concatenate(parts)))
+            check(f"{mode} allgather {dtype.name}",
+                  np.array_equal(got.numpy(), np.concatenate(parts)))
             for root in range(n):
                 got = wrap(lambda x, root=root: hvd.broadcast(x, root))(tf.constant(inputs[me]))
-                check(f"{mode} broadcast {root} {dtype.name}", np.array_equal(got.numpy(), inputs[root]))
+                check(f"{mode} broadcast {root} {dtype.name}",
+                      np.array_equal(got.numpy(), inputs[root]))
             rows = [data(r, dtype, (2 * n + 1, 2)) for r in range(n)]
             got = wrap(lambda x: hvd.reducescatter(x, op=hvd.Sum))(tf.constant(rows[me]))
             start = sum(hvd._ops.even_rows(2 * n + 1, n)[:me])
             want = reference(rows, "Sum")[start:start + hvd._ops.even_rows(2 * n + 1, n)[me]]
             check(f"{mode} reducescatter {dtype.name}", close(got, want))
         splits = [(me + j) % 3 for j in range(n)]
-        send = np.concatenate([np.full((s, 2), [me, j]) for j, s in enumerate(splits)]).astype(np.int32)
-        got, rsplits = wrap(lambda x: hvd.alltoall(x, splits=splits))(tf.constant(send.reshape(-1, 2)))
-        want = np.concatenate([np.full(((r + me) % 3, 2), [r, me]) for r in range(n)]).reshape(-1, 2)
+        send = np.concatenate([np.full((s, 2), [me, j])
+                               for j, s in enumerate(splits)]).astype(np.int32)
+        got, rsplits = wrap(lambda x, splits=splits: hvd.alltoall(x, splits=splits))(
+            tf.constant(send.reshape(-1, 2)))
+        want = np.concatenate([np.full(((r + me) % 3, 2), [r, me])
+                               for r in range(n)]).reshape(-1, 2)
         check(f"{mode} alltoall", np.array_equal(got.numpy(), want)
               and rsplits.numpy().tolist() == [(r + me) % 3 for r in range(n)])
         got = wrap(lambda x: hvd.allreduce(x, compression=hvd.Compression.fp16))(

@@ -149,7 +149,8 @@ def training_state(phase, directory):
         result["queue"] = list(sampler.queue)
     else:
         rng = np.random.default_rng(comm.rank)
-        x, y = rng.normal(size=(8, 8)).astype(np.float32), rng.normal(size=(8, 3)).astype(np.float32)
+        x = rng.normal(size=(8, 8)).astype(np.float32)
+        y = rng.normal(size=(8, 3)).astype(np.float32)
         model.fit(x, y, batch_size=4, epochs=1, verbose=0)  # two committed steps, slots exist
         sampler.start_epoch(1)
         sampler.next_batch()

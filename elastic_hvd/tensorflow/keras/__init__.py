@@ -1,6 +1,7 @@
 """Horovod's ``horovod.tensorflow.keras`` API for Keras 3, tf_keras and Keras 2.
 
-    import elastic_hvd.tensorflow.keras as hvd   # instead of: import horovod.tensorflow.keras as hvd
+    import elastic_hvd.tensorflow.keras as hvd
+    # instead of: import horovod.tensorflow.keras as hvd
 
 ``tf.keras`` decides which Keras this targets: Keras 3 on TF >= 2.16, tf_keras with
 ``TF_USE_LEGACY_KERAS=1``, Keras 2 on TF 2.15.

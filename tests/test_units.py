@@ -1,0 +1,507 @@
+"""Single-process tests of the pure parts: the sampler's schedule, the growth policy and
+host parsing, reduction finishing and fusion packing.
+
+No MPI here.  Where a piece reads a communicator, a small stand-in gives it exactly
+what it reads (ids, sizes, hosts); what happens when real ranks die is the business
+of the multirank tests.  Only the fusion tests import TensorFlow.
+"""
+
+import os
+import socket
+import types
+
+import numpy as np
+import pytest
+
+from elastic_hvd.core import collectives, runtime
+from elastic_hvd.core.collectives import CollectivesMixin
+from elastic_hvd.core.growth import GrowthPolicy, parse_hosts, read_hostfile
+from elastic_hvd.core.membership import MembershipEvent
+from elastic_hvd.core.ops import ReduceOp, check_op, mpi_ops
+from elastic_hvd.core.session import Session
+from elastic_hvd.sharding import ElasticSampler
+
+# -- the sampler's schedule ------------------------------------------------------------
+
+
+class _Rank:
+    """What ElasticSampler reads of its communicator, as one simulated rank sees it."""
+
+    def __init__(self, cluster, original_id):
+        self._cluster, self.original_id = cluster, original_id
+
+    @property
+    def ids(self):
+        return self._cluster.ids
+
+    @property
+    def size(self):
+        return len(self._cluster.ids)
+
+
+class _Cluster:
+    """Simulated ranks in one process, one sampler each, sharing one agreed membership
+    (``ids``, original ids in rank order) and one real Session as the commit point."""
+
+    def __init__(self, size):
+        self.ids = list(range(size))
+        self.session = Session(self)
+        self.samplers = {}
+
+    def consistent(self, attempt):
+        """Session.step_transaction's collectives: none here, so nothing to redo."""
+        return attempt()
+
+    def start(self, num_samples, batch_size, **kwargs):
+        self.samplers = {i: ElasticSampler(_Rank(self, i), num_samples, batch_size, **kwargs)
+                         for i in self.ids}
+        return self.samplers
+
+    def draw(self):
+        """Every live rank draws its next batch: {original id: (ids, weights) or None}."""
+        return {i: self.samplers[i].next_batch() for i in self.ids}
+
+    def commit(self):
+        """The step commits through the public path: the session names ``ids``."""
+        self.session.step_transaction(lambda: None)
+
+    def lose(self, original_id):
+        self.ids = [i for i in self.ids if i != original_id]
+
+
+@pytest.fixture
+def cluster(monkeypatch):
+    """``cluster(size)``: a _Cluster whose Session ``runtime.session()`` returns.
+
+    ElasticSampler registers with the session that ``init()`` creates; without MPI
+    there is no init(), so its two module globals are set for the test (and restored)."""
+    def make(size):
+        made = _Cluster(size)
+        monkeypatch.setattr(runtime, "_current", made)
+        monkeypatch.setattr(runtime, "_session", made.session)
+        return made
+    return make
+
+
+def _ids(batches):
+    """{original id: sample ids as a list}, dropping weights."""
+    return {i: b[0].tolist() for i, b in batches.items()}
+
+
+def test_sampler_splits_each_step_over_the_ranks_in_rank_order(cluster):
+    # 23 samples, 3 ranks x batch 4: a full step of 12, then 11 split 4, 4, 3.
+    c = cluster(3)
+    samplers = c.start(23, 4, shuffle=False)
+    for s in samplers.values():
+        s.start_epoch()
+    assert [s.steps_left() for s in samplers.values()] == [2, 2, 2]
+    first = c.draw()
+    c.commit()
+    assert _ids(first) == {0: [0, 1, 2, 3], 1: [4, 5, 6, 7], 2: [8, 9, 10, 11]}
+    second = c.draw()
+    c.commit()
+    assert _ids(second) == {0: [12, 13, 14, 15], 1: [16, 17, 18, 19], 2: [20, 21, 22]}
+    assert all(b[1].dtype == np.float32 and (b[1] == 1).all() for b in second.values())
+    assert c.draw() == {0: None, 1: None, 2: None}  # the epoch ends on the same step everywhere
+    assert [s.step for s in samplers.values()] == [2, 2, 2]
+
+
+def test_sampler_trains_every_sample_once_per_epoch_in_the_seeded_order(cluster):
+    # 50 = 4 steps of 3 x 4, then 2 samples: rank 2's last one is weightless, not trained.
+    c = cluster(3)
+    samplers = c.start(50, 4, seed=7)
+    for epoch in (0, 1):
+        for s in samplers.values():
+            s.start_epoch()
+        drawn = []
+        while (batches := c.draw())[0] is not None:
+            c.commit()
+            for i in c.ids:
+                ids, weights = batches[i]
+                drawn += ids[weights > 0].tolist()
+        # Rank order within a step, steps in order: exactly the epoch's permutation.
+        assert drawn == np.random.default_rng([7, epoch]).permutation(50).tolist()
+    assert [s.requeued for s in samplers.values()] == [0, 0, 0]
+
+
+def test_sampler_requeues_every_slice_of_a_rank_missing_from_the_commit(cluster):
+    # Two draws before one commit (backward_passes_per_step=2); rank 1 is lost before
+    # the step commits, so both of its slices go back at the end of the queue.
+    c = cluster(3)
+    samplers = c.start(12, 1, shuffle=False)
+    for s in samplers.values():
+        s.start_epoch()
+    assert _ids(c.draw()) == {0: [0], 1: [1], 2: [2]}
+    assert _ids(c.draw()) == {0: [3], 1: [4], 2: [5]}
+    assert samplers[0].uncommitted()
+    c.lose(1)
+    c.commit()
+    survivors = [samplers[0], samplers[2]]
+    assert [s.requeued for s in survivors] == [2, 2]
+    assert [list(s.queue) for s in survivors] == [[6, 7, 8, 9, 10, 11, 1, 4]] * 2
+    assert not samplers[0].uncommitted()
+    assert [s.steps_left() for s in survivors] == [4, 4]  # 8 samples, now 2 ranks x 1
+    trained = {0: [0, 3], 2: [2, 5]}
+    while (batches := c.draw())[0] is not None:
+        c.commit()
+        for i in c.ids:
+            trained[i] += batches[i][0].tolist()
+    assert trained == {0: [0, 3, 6, 8, 10, 1], 2: [2, 5, 7, 9, 11, 4]}
+    assert sorted(trained[0] + trained[2]) == list(range(12))
+
+
+def test_sampler_gives_ranks_without_a_sample_one_weightless_sample(cluster):
+    # 6 samples over 4 ranks x batch 1: the second step has 2 samples for 4 ranks.
+    c = cluster(4)
+    samplers = c.start(6, 1, shuffle=False)
+    for s in samplers.values():
+        s.start_epoch()
+    c.draw()
+    c.commit()
+    assert samplers[3].steps_left() == 1
+    last = c.draw()
+    assert _ids(last) == {0: [4], 1: [5], 2: [4], 3: [4]}
+    assert [last[i][1].tolist() for i in c.ids] == [[1.0], [1.0], [0.0], [0.0]]
+    c.lose(3)  # a rank holding only a weightless sample: nothing of it to redo
+    c.commit()
+    assert [s.requeued for s in samplers.values()] == [0, 0, 0, 0]
+    assert c.draw() == {0: None, 1: None, 2: None}
+
+
+def test_sampler_state_resumes_the_epoch_at_any_size(cluster):
+    c = cluster(2)
+    samplers = c.start(10, 2, seed=5)
+    for s in samplers.values():
+        s.start_epoch()
+    order = np.random.default_rng([5, 0]).permutation(10).tolist()
+    c.draw()
+    c.commit()
+    c.draw()  # drawn, never committed: not trained, so saved as still to do
+    states = [s.state() for s in samplers.values()]
+    assert states[0] == states[1] == {
+        "epoch": 0, "step": 2, "queue": order[8:] + order[4:6] + order[6:8]}
+
+    # A restart with one rank continues that epoch, then starts the next one afresh.
+    c = cluster(1)
+    [restarted] = c.start(10, 2, seed=5).values()
+    restarted.load_state(states[0])
+    restarted.start_epoch()
+    assert (restarted.epoch, restarted.step) == (0, 2)
+    rest = []
+    while (batches := c.draw())[0] is not None:
+        c.commit()
+        rest += batches[0][0].tolist()
+    assert rest == order[8:] + order[4:8]
+    restarted.start_epoch()
+    assert (restarted.epoch, restarted.step) == (1, 0)
+    assert list(restarted.queue) == np.random.default_rng([5, 1]).permutation(10).tolist()
+
+
+def test_sampler_loaded_state_is_ignored_by_another_epoch(cluster):
+    c = cluster(1)
+    [s] = c.start(6, 2, shuffle=False).values()
+    s.load_state({"epoch": 0, "queue": [5], "step": 3})
+    s.start_epoch(4)
+    assert (s.epoch, s.step, list(s.queue)) == (4, 0, [0, 1, 2, 3, 4, 5])
+
+
+# -- growth policy and host parsing ----------------------------------------------------
+
+
+def test_parse_hosts_sums_slots_and_names_localhost_as_mpi_knows_it():
+    text = "a:2\n# a comment\n\nb   # slots default to 1\nlocalhost:3\n127.0.0.1\na:1\n"
+    assert parse_hosts(text) == {"a": 3, "b": 1, socket.gethostname(): 4}
+    assert parse_hosts("") == {}
+
+
+def test_read_hostfile_takes_open_mpi_and_discovery_formats(tmp_path):
+    path = tmp_path / "hosts"
+    path.write_text("a slots=4\nb slots=2  # spare\nc:3\nd\n")
+    assert read_hostfile(str(path)) == {"a": 4, "b": 2, "c": 3, "d": 1}
+
+
+def test_growth_policy_from_env_defaults_and_when_it_is_active():
+    policy = GrowthPolicy.from_env({})
+    assert (policy.respawn, policy.max_np, policy.discover) == (False, None, None)
+    assert (policy.interval, policy.check_every) == (5.0, 10)
+    assert not policy
+    assert GrowthPolicy.from_env({"ELASTIC_HVD_RESPAWN": "1"})
+    # A ceiling without hosts to grow onto grows nothing.
+    assert not GrowthPolicy.from_env({"ELASTIC_HVD_MAX_NP": "8"})
+
+
+def test_growth_policy_from_env_discovers_hosts_afresh_each_time(tmp_path):
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("a slots=2\nb slots=1\n")
+    env = {"ELASTIC_HVD_MAX_NP": "8", "ELASTIC_HVD_HOSTFILE": str(hostfile),
+           "ELASTIC_HVD_DISCOVERY_INTERVAL": "0.5", "ELASTIC_HVD_DISCOVERY_CHECK_EVERY": "3"}
+    policy = GrowthPolicy.from_env(env)
+    assert policy and (policy.max_np, policy.interval, policy.check_every) == (8, 0.5, 3)
+    assert policy.discover() == {"a": 2, "b": 1}
+    hostfile.write_text("a slots=2\nb slots=1\nc slots=4\n")
+    assert policy.discover() == {"a": 2, "b": 1, "c": 4}
+
+    # A discovery script, when given, wins over the hostfile.
+    script = tmp_path / "discover.sh"
+    script.write_text("#!/bin/sh\necho z:5\n")
+    script.chmod(0o755)
+    policy = GrowthPolicy.from_env({**env, "ELASTIC_HVD_HOST_DISCOVERY": str(script)})
+    assert policy.discover() == {"z": 5}
+
+
+class _GrowthComm:
+    """What GrowthPolicy reads of the communicator, scripted.
+
+    ``hosts``: host of each live rank; ``where``: host of every original id, lost ones
+    included; ``spawn_ok``: what spawn() answers; ``polls``: what each poll_join() of a
+    pending join does ("adopt", "abandon"; none left: still waiting)."""
+
+    joining = False
+    rank = 0
+
+    def __init__(self, hosts, initial_size, where=None, events=(), spawn_ok=False, polls=()):
+        self.placed, self.initial_size = list(hosts), initial_size
+        self.where, self.events = dict(where or {}), list(events)
+        self.spawn_ok, self.polls = spawn_ok, list(polls)
+        self.join_pending = False
+        self.spawned = []  # (count, hosts) of each spawn()
+
+    @property
+    def size(self):
+        return len(self.placed)
+
+    def hosts(self):
+        return list(self.placed)
+
+    def host_of(self, original_id):
+        return self.where.get(original_id)
+
+    def spawn(self, count, hosts):
+        self.spawned.append((count, list(hosts)))
+        self.join_pending = self.spawn_ok
+        return self.spawn_ok
+
+    def poll_join(self):
+        if not self.join_pending or not self.polls:
+            return None
+        self.join_pending = False
+        return MembershipEvent(1, 2, gained=(2,)) if self.polls.pop(0) == "adopt" else None
+
+
+def _lost_two():
+    """Ranks 0 and 2 alive on host a; 1 (host b) lost, then 3 (host c)."""
+    return _GrowthComm(["a", "a"], 4, where={0: "a", 1: "b", 2: "a", 3: "c"},
+                       events=[MembershipEvent(4, 3, lost=(1,)), MembershipEvent(3, 2, lost=(3,))])
+
+
+def test_growth_wants_lost_ranks_back_on_their_hosts_most_recent_first():
+    assert GrowthPolicy(respawn=True).wanted(_lost_two()) == (2, ["c", "b"])
+    assert GrowthPolicy(respawn=True, max_np=3).wanted(_lost_two()) == (1, ["c"])
+    assert GrowthPolicy().wanted(_lost_two()) == (0, [])
+    unknown = _lost_two()
+    del unknown.where[3]  # no host known for it: Open MPI places that one
+    assert GrowthPolicy(respawn=True).wanted(unknown) == (2, ["b"])
+
+
+def test_growth_wants_free_discovered_slots_up_to_max_np():
+    comm = _GrowthComm(["a", "a"], 2)
+    policy = GrowthPolicy(max_np=5)
+    policy.discovered = {"b": 2, "a": 3}
+    assert policy.wanted(comm) == (3, ["a", "b", "b"])  # hosts in name order
+    policy.max_np = 3
+    assert policy.wanted(comm) == (1, ["a"])
+    policy.max_np, policy.discovered = 5, {"a": 1}  # fewer slots than ranks: no shrinking
+    assert policy.wanted(comm) == (0, [])
+
+
+def test_growth_retries_a_failed_spawn_after_retry_steps_then_gives_up():
+    comm = _lost_two()
+    policy = GrowthPolicy(respawn=True, retry_steps=2, max_failures=2)
+    tried = []
+    for step in range(1, 9):
+        before = len(comm.spawned)
+        assert policy.step(comm) is None
+        if len(comm.spawned) > before:
+            tried.append(step)
+    assert tried == [1, 3]
+    assert comm.spawned == [(1, ["c"]), (1, ["c"])]  # one joiner per spawn
+    assert (policy.failures, policy.next_try) == (2, float("inf"))
+
+
+def test_growth_counts_an_abandoned_join_as_a_failure_and_an_adoption_resets_the_count():
+    comm = _lost_two()
+    comm.spawn_ok, comm.polls = True, ["abandon", "adopt"]
+    policy = GrowthPolicy(respawn=True, retry_steps=3)
+    policy.step(comm)  # spawns
+    policy.step(comm)  # its joiner never joins
+    assert (policy.failures, policy.next_try) == (1, 4)
+    policy.step(comm)
+    assert len(comm.spawned) == 1  # waiting out retry_steps
+    policy.step(comm)  # spawns again
+    event = policy.step(comm)
+    assert event is not None and event.gained == (2,)
+    assert (policy.failures, len(comm.spawned)) == (0, 2)
+
+
+# -- reduction finishing ----------------------------------------------------------------
+
+
+def test_check_op_and_its_mpi_operation():
+    assert check_op(1) is ReduceOp.SUM
+    with pytest.raises(NotImplementedError, match="Adasum"):
+        check_op(ReduceOp.ADASUM)
+    mpi = types.SimpleNamespace(SUM="sum", MIN="min", MAX="max", PROD="prod")
+    assert mpi_ops(mpi) == {ReduceOp.AVERAGE: "sum", ReduceOp.SUM: "sum",
+                            ReduceOp.MIN: "min", ReduceOp.MAX: "max", ReduceOp.PRODUCT: "prod"}
+
+
+def test_reduce_input_widens_float16_prescales_and_never_writes_the_input():
+    x = np.array([1.0, 2.5], dtype=np.float16)
+    send = collectives._reduce_input(x, 2.0)
+    assert send.dtype == np.float32 and send.tolist() == [2.0, 5.0]
+    assert x.tolist() == [1.0, 2.5]
+    y = np.arange(3, dtype=np.int64)
+    assert collectives._reduce_input(y, 1.0) is y  # nothing to do: no copy
+    with pytest.raises(TypeError, match="bool"):
+        collectives._reduce_input(np.array([True]), 1.0)
+
+
+def test_finish_reduce_averages_postscales_and_casts_back():
+    finish = collectives._finish_reduce
+    got = finish(np.array([2.0, 5.0], dtype=np.float32), np.dtype(np.float16), 2, 1.0)
+    assert got.dtype == np.float16 and got.tolist() == [1.0, 2.5]
+    got = finish(np.array([2.0, 5.0]), np.dtype(np.float64), 2, 3.0)
+    assert got.tolist() == [3.0, 7.5]
+    # Already scaled piece by piece: left as it is.
+    assert finish(np.array([2.0, 5.0]), np.dtype(np.float64), 2, 3.0, scaled=True).tolist() \
+        == [2.0, 5.0]
+
+
+def test_finish_reduce_floors_integer_averages():
+    finish = collectives._finish_reduce
+    assert finish(np.array([7, -7], dtype=np.int64), np.dtype(np.int64), 2, 1.0).tolist() \
+        == [3, -4]
+    # Postscale first (floored), then the division: floor(5 * 1.5) // 2.
+    got = finish(np.array([5], dtype=np.int32), np.dtype(np.int32), 2, 1.5)
+    assert got.dtype == np.int32 and got.tolist() == [3]
+
+
+class _TwoRanksAllreduce:
+    """An MPI communicator's Allreduce as two ranks holding the same data would answer
+    it (twice the input); records the length of each piece."""
+
+    def __init__(self):
+        self.pieces = []
+
+    def Allreduce(self, send, target, op):
+        self.pieces.append(send.size)
+        np.multiply(send, 2, out=target)
+
+
+def test_allreduce_pieces_cover_the_buffer_and_scale_each_piece(monkeypatch):
+    monkeypatch.setattr(collectives, "ALLREDUCE_PIECE_BYTES", 16)  # 4 float32 a piece
+    send = np.arange(10, dtype=np.float32)
+    target = np.empty_like(send)
+    comm = _TwoRanksAllreduce()
+    collectives._allreduce_pieces(comm, send, target, "sum", np.float32(0.5))
+    assert comm.pieces == [4, 4, 2]
+    assert target.tolist() == send.tolist()  # sum of two, averaged
+    monkeypatch.setattr(collectives, "ALLREDUCE_PIECE_BYTES", 0)  # 0: one call
+    comm = _TwoRanksAllreduce()
+    collectives._allreduce_pieces(comm, send, target, "sum", None)
+    assert comm.pieces == [10] and target.tolist() == (2 * send).tolist()
+
+
+def test_alltoall_layout_by_destination_and_its_errors():
+    starts, counts = collectives._alltoall_layout(3, [1, 0, 2], [5, 2, 7])
+    assert (starts, counts) == ({5: 0, 2: 1, 7: 1}, {5: 1, 2: 0, 7: 2})
+    assert collectives._alltoall_layout(4, None, [0, 1]) == ({0: 0, 1: 2}, {0: 2, 1: 2})
+    with pytest.raises(ValueError, match="divide evenly"):
+        collectives._alltoall_layout(3, None, [0, 1])
+    for bad in ([1, 2], [2, 2, -1], [1, 1, 0]):  # too few, negative, wrong sum
+        with pytest.raises(ValueError, match="splits"):
+            collectives._alltoall_layout(3, bad, [0, 1, 2])
+
+
+def test_broadcast_root_falls_back_to_the_lowest_survivor():
+    now = types.SimpleNamespace(ids=[0, 2, 3])  # rank 1 (original id 1) is gone
+    assert CollectivesMixin.root_id(now, [0, 1, 2, 3], 2) == 2
+    assert CollectivesMixin.root_id(now, [0, 1, 2, 3], 1) == 0
+    with pytest.raises(ValueError, match="out of range"):
+        CollectivesMixin.root_id(now, [0, 1, 2, 3], 4)
+
+
+# -- fusion packing (TensorFlow's module) -------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tf_ops():
+    """elastic_hvd.tensorflow.ops: the only tests here that need TensorFlow."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    pytest.importorskip("tensorflow")
+    from elastic_hvd.tensorflow import ops
+    return ops
+
+
+class _RecordingComm:
+    """The resilient communicator as fused_allreduce uses it: records each buffer and
+    answers a Sum over two ranks holding the same data."""
+
+    def __init__(self):
+        self.sent = []
+
+    def allreduce(self, send, op, prescale_factor, postscale_factor, out):
+        self.sent.append(send.copy())
+        np.multiply(send, 2, out=out)
+        return out
+
+
+@pytest.fixture
+def recording(tf_ops, monkeypatch):
+    comm = _RecordingComm()
+    monkeypatch.setattr(tf_ops, "_comm", lambda: comm)
+    return comm
+
+
+def test_fusion_packs_one_buffer_per_dtype_at_aligned_offsets(tf_ops, recording):
+    arrays = [np.arange(3, dtype=np.float32), np.ones((2, 2)),
+              np.arange(5, dtype=np.float32).reshape(5, 1)]
+    results = tf_ops.fused_allreduce(arrays, tf_ops.Sum)
+    [fp32, fp64] = recording.sent
+    # float32: 64-byte segments of 16 elements, the gap zero-filled.
+    assert fp32.dtype == np.float32 and fp32.size == 32
+    assert fp32[:3].tolist() == [0, 1, 2] and fp32[16:21].tolist() == [0, 1, 2, 3, 4]
+    assert not fp32[3:16].any() and not fp32[21:].any()
+    assert fp64.tolist() == [1.0] * 4  # a lone array goes as it is, unpadded
+    for result, array in zip(results, arrays):
+        assert result.dtype == array.dtype and result.shape == array.shape
+        assert (result == 2 * array).all()
+        assert result.ctypes.data % 64 == 0  # TF may take it without a copy
+
+
+def test_fusion_threshold_cuts_buffers_and_never_splits_an_array(tf_ops, recording,
+                                                                  monkeypatch):
+    # Two 16-byte arrays fill the threshold exactly (allowed); a third does not fit.
+    monkeypatch.setenv("HOROVOD_FUSION_THRESHOLD", "32")
+    arrays = [np.full(4, k, dtype=np.float32) for k in range(3)] + [np.ones(25, np.float32)]
+    results = tf_ops.fused_allreduce(arrays, tf_ops.Sum)
+    assert [s.size for s in recording.sent] == [32, 4, 25]  # [a0 pad a1 pad] [a2] [a3: 100 B]
+    assert [r.tolist() for r in results[:3]] == [[0.0] * 4, [2.0] * 4, [4.0] * 4]
+    assert results[3].tolist() == [2.0] * 25
+
+
+def test_gradient_groups_partition_by_variable_or_round_robin(tf_ops):
+    from elastic_hvd.tensorflow.gradients import GradientReducer
+
+    v = [object() for _ in range(4)]
+    reducer = GradientReducer(groups=[[v[2]], [v[0], v[1]]])
+    # v3 is in no group: alone, after the groups.
+    assert reducer._partition([0, 1, 2, 3], v) == [[2], [0, 1], [3]]
+    assert GradientReducer(num_groups=2)._partition([0, 2, 3, 5, 6], [None] * 7) \
+        == [[0, 3, 6], [2, 5]]
+    assert GradientReducer()._partition([1, 4], v + v) == [[1, 4]]
+    assert GradientReducer()._partition([], v) == []
+    for bad in ({"op": tf_ops.Max}, {"op": tf_ops.Sum, "gradient_predivide_factor": 2.0},
+                {"num_groups": 2, "groups": [[v[0]]]}):
+        with pytest.raises(ValueError):
+            GradientReducer(**bad)
