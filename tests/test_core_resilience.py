@@ -154,7 +154,8 @@ def test_death_during_init_is_survived(tmp_path, delay):
 
 
 def test_a_bad_setting_stops_every_rank_at_start_naming_the_variable(tmp_path):
-    job = run_job("core_scenarios.py", "elastic_flag", np=2, env={"ELASTIC_HVD_STALL_TIMEOUT": "soon"},
-                  tmp_path=tmp_path, expect_rc=None, timeout=120)
+    job = run_job("core_scenarios.py", "elastic_flag", np=2,
+                  env={"ELASTIC_HVD_STALL_TIMEOUT": "soon"}, tmp_path=tmp_path, expect_rc=None,
+                  timeout=120)
     assert job.returncode != 0 and not job.results
     assert job.output.count("ELASTIC_HVD_STALL_TIMEOUT='soon'") == 2, job.output[-3000:]

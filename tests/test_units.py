@@ -13,7 +13,7 @@ import types
 import numpy as np
 import pytest
 
-from elastic_hvd.core import collectives, runtime
+from elastic_hvd.core import collectives, config, runtime
 from elastic_hvd.core.collectives import CollectivesMixin
 from elastic_hvd.core.growth import GrowthPolicy, parse_hosts, read_hostfile
 from elastic_hvd.core.membership import MembershipEvent
@@ -398,17 +398,15 @@ class _TwoRanksAllreduce:
         np.multiply(send, 2, out=target)
 
 
-def test_allreduce_pieces_cover_the_buffer_and_scale_each_piece(monkeypatch):
-    monkeypatch.setattr(collectives, "ALLREDUCE_PIECE_BYTES", 16)  # 4 float32 a piece
+def test_allreduce_pieces_cover_the_buffer_and_scale_each_piece():
     send = np.arange(10, dtype=np.float32)
     target = np.empty_like(send)
     comm = _TwoRanksAllreduce()
-    collectives._allreduce_pieces(comm, send, target, "sum", np.float32(0.5))
+    collectives._allreduce_pieces(comm, send, target, "sum", np.float32(0.5), 16)  # 4 a piece
     assert comm.pieces == [4, 4, 2]
     assert target.tolist() == send.tolist()  # sum of two, averaged
-    monkeypatch.setattr(collectives, "ALLREDUCE_PIECE_BYTES", 0)  # 0: one call
     comm = _TwoRanksAllreduce()
-    collectives._allreduce_pieces(comm, send, target, "sum", None)
+    collectives._allreduce_pieces(comm, send, target, "sum", None, 0)  # 0: one call
     assert comm.pieces == [10] and target.tolist() == (2 * send).tolist()
 
 
@@ -482,7 +480,7 @@ def test_fusion_packs_one_buffer_per_dtype_at_aligned_offsets(tf_ops, recording)
 def test_fusion_threshold_cuts_buffers_and_never_splits_an_array(tf_ops, recording,
                                                                   monkeypatch):
     # Two 16-byte arrays fill the threshold exactly (allowed); a third does not fit.
-    monkeypatch.setenv("HOROVOD_FUSION_THRESHOLD", "32")
+    monkeypatch.setattr(config, "_loaded", config.from_environ({"HOROVOD_FUSION_THRESHOLD": "32"}))
     arrays = [np.full(4, k, dtype=np.float32) for k in range(3)] + [np.ones(25, np.float32)]
     results = tf_ops.fused_allreduce(arrays, tf_ops.Sum)
     assert [s.size for s in recording.sent] == [32, 4, 25]  # [a0 pad a1 pad] [a2] [a3: 100 B]
