@@ -19,7 +19,9 @@ from .. import (Adasum, Average, SyncBatchNormalization, Compression, Max, Min, 
                 remove_process_set, start_timeline, stop_timeline)
 from ..gradients import _distributed_class
 from ..util import is_version_greater_equal_than  # noqa: F401
+from ..data import ElasticData  # noqa: F401
 from . import callbacks, elastic  # noqa: F401
+from .elastic_fit import fit  # noqa: F401
 
 
 def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="",

@@ -1,0 +1,64 @@
+"""``hvd.fit``: training that survives rank loss, in one call a Keras user knows.
+
+Why: elastic training needs a sampler, a dataset drawing from it, one
+``model.fit`` per epoch (``keras_callbacks.fit_elastic``) and half a dozen
+callbacks in a working order -- broadcast, learning-rate rescaling, event log,
+metric averaging, checkpoint, growth, a progress bar on one rank.  ``fit``
+assembles them; a callback of one of those kinds that the caller passes replaces
+the default one, the caller's others run after them.  A process spawned into a
+running job (``--respawn``) takes the live state inside ``fit``: the script needs
+no guard for it.
+"""
+
+import contextlib
+
+from ...core import runtime
+from ..data import validation_shard
+from .callbacks import BroadcastGlobalVariablesCallback, MetricAverageCallback
+
+
+def fit(model, data, epochs=1, *, initial_epoch=0, callbacks=(), checkpoint_dir=None,
+        events=None, lr_policy="linear", validation_data=None, verbose=1, **kwargs):
+    """Train ``model`` (compiled with ``hvd.DistributedOptimizer``) on ``data`` (an
+    :class:`~elastic_hvd.tensorflow.data.ElasticData`) for ``epochs``; returns Keras'
+    ``History``.
+
+    ``checkpoint_dir``: resume from and save to it every epoch (a job that falls
+    below ``min_np`` saves and exits with status 3); ``events``: a JSON-lines log of
+    membership changes; ``lr_policy``: ``"linear"``, ``"sqrt"``, ``"none"`` or
+    ``"constant_global_batch"`` (see ``keras_callbacks.LearningRateRescaler``);
+    ``validation_data``: a tuple of arrays, split across the live ranks and averaged;
+    ``verbose``: 0 or Keras' progress-bar level, shown by the current rank 0.
+    Other keyword arguments go to ``model.fit``.
+    """
+    import keras_callbacks as kc  # the callbacks' package builds on this one
+
+    runtime.current("hvd.fit")
+    given = list(callbacks)
+
+    def given_one(kind):
+        return next((c for c in given if isinstance(c, kind)), None)
+
+    checkpoint = given_one(kc.ElasticCheckpoint)
+    if checkpoint is None and checkpoint_dir is not None:
+        checkpoint = kc.ElasticCheckpoint(checkpoint_dir, sampler=data.sampler)
+        initial_epoch = max(initial_epoch, checkpoint.restore(model))
+    rescaler = given_one(kc.LearningRateRescaler) or kc.LearningRateRescaler(
+        lr_policy, sampler=data.sampler)
+    defaults = [
+        given_one(BroadcastGlobalVariablesCallback) or BroadcastGlobalVariablesCallback(0),
+        given_one(kc.FaultInjection) or kc.FaultInjection(), rescaler,
+        *([kc.MembershipEventLog(events, rescaler=rescaler)] if events else []),
+        given_one(MetricAverageCallback) or MetricAverageCallback(),
+        *([checkpoint] if checkpoint is not None else []),
+        given_one(kc.ElasticGrowth) or kc.ElasticGrowth(data.sampler),
+        *([given_one(kc.RankZeroProgbar) or kc.RankZeroProgbar(verbose)] if verbose else []),
+    ]
+    everything = defaults + [c for c in given if not any(c is d for d in defaults)]
+    if validation_data is not None:
+        kwargs["validation_data"] = validation_shard(validation_data, data.sampler.batch_size)
+    stopping = checkpoint.final_on_failure() if checkpoint is not None else \
+        contextlib.nullcontext()
+    with stopping:
+        return kc.fit_elastic(model, data.dataset, epochs, initial_epoch=initial_epoch,
+                              callbacks=everything, verbose=0, **kwargs)
