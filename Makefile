@@ -39,7 +39,7 @@ test-tf215:
 	.venv-tf215/bin/python -m pytest -q tests/test_tensorflow.py tests/test_api_parity.py
 
 demo: install
-	$(VENV)/bin/elastic-hvd-run -np 4 python examples/fruits360/train.py --fail rank=2,step=40
+	$(VENV)/bin/elastic-hvd-run -np 4 --faults rank=2,step=40 python examples/fruits360/train.py
 
 bench-core: install
 	$(PY) bench/core_bench.py --runs 5

@@ -15,7 +15,7 @@ def test_tiny_fruits360_survives_a_kill(tmp_path):
     job = run_job("../../examples/fruits360/train.py", "--data-dir", tmp_path / "data",
                   "--stand-in", "--standin-train", 80, "--standin-test", 12, "--classes", 4,
                   "--image-size", 32, "--epochs", 12, "--batch-size", 8, "--lr", 0.001,
-                  "--fail", "rank=2,step=8", "--out", out, np=3, tmp_path=tmp_path, timeout=400)
+                  "--out", out, np=3, faults="rank=2,step=8", tmp_path=tmp_path, timeout=400)
     result = json.loads((out / "result.json").read_text())
     final = result["epochs"][-1]
     assert final["ranks"] == 2

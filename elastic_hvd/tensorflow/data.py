@@ -7,6 +7,8 @@ old membership is ever trained (see the sharding module).
 file list and a loading function, a finite ``tf.data.Dataset``).
 """
 
+import inspect
+
 import numpy as np
 import tensorflow as tf
 
@@ -47,7 +49,8 @@ class ElasticData:
     ``samples``: an array, or a tuple of arrays (or lists) with one row per sample
     (``(x, y)``, ``(paths, labels)``); every live rank holds the same ones.  Each step gives a
     rank ``batch_size`` of them as ``(*arrays, weights)``, or ``(*load(*arrays),
-    weights)`` with ``load`` -- e.g. decoding the image files a batch names.
+    weights)`` with ``load`` -- e.g. decoding the image files a batch names; a
+    ``load`` with an ``epoch`` keyword also gets the epoch (per-epoch augmentation).
     ``weights`` (Keras' sample weights) are 0 for the padding sample a rank gets when
     an epoch ends with fewer samples than ranks.  Use ``.dataset`` with
     :func:`~elastic_hvd.tensorflow.keras.fit` (or ``keras_callbacks.fit_elastic``);
@@ -61,6 +64,7 @@ class ElasticData:
         if len(sizes) != 1:
             raise ValueError(f"the sample arrays differ in length: {sorted(sizes)}")
         self.load = load
+        self._with_epoch = load is not None and "epoch" in inspect.signature(load).parameters
         self.sampler = ElasticSampler(runtime.current("ElasticData"), sizes.pop(), batch_size,
                                       seed=seed, shuffle=shuffle)
         first = self._batch(np.array([0]), np.ones(1, np.float32))  # its structure, once
@@ -81,7 +85,8 @@ class ElasticData:
     def _batch(self, ids, weights):
         parts = tuple(a[ids] for a in self.arrays)
         if self.load is not None:
-            parts = self.load(*parts)
+            epoch = {"epoch": max(self.sampler.epoch, 0)} if self._with_epoch else {}
+            parts = self.load(*parts, **epoch)
             parts = parts if isinstance(parts, tuple) else (parts,)
         return (*parts, weights)
 

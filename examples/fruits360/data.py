@@ -1,7 +1,7 @@
-"""Fruits 360's directory layout as elastic tf.data input.
+"""Fruits 360's directory layout, decoded and augmented for ``hvd.ElasticData``.
 
 ``<root>/Training/<Class>/*.jpg`` and ``<root>/Test/<Class>/*.jpg`` (the real
-dataset and the stand-in alike).  Training batches come from the elastic sampler
+dataset and the stand-in alike).  Training batches come from ``hvd.ElasticData``
 (exactly once per epoch, whatever dies); images are decoded on demand and cached
 when the dataset is small.
 """
@@ -9,10 +9,7 @@ when the dataset is small.
 import os
 
 import numpy as np
-import tensorflow as tf
 from PIL import Image
-
-from elastic_hvd.tensorflow.data import elastic_dataset
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
 
@@ -76,18 +73,3 @@ def augment(images, ids, epoch, seed):
             out[k] = out[k, ::-1]
         out[k] = np.clip(out[k] * rng.uniform(0.85, 1.15), 0.0, 1.0)
     return out
-
-
-def training_dataset(sampler, images, labels, seed=0, on_batch=None):
-    """Elastic training batches ``(x, y, weights)``; ``on_batch(ids, weights)`` sees each draw."""
-    size = images.size
-
-    def load(ids, weights):
-        if on_batch is not None:
-            on_batch(ids, weights)
-        x = augment(images.batch(ids), ids, sampler.epoch, seed)
-        return x, labels[ids], weights
-
-    return elastic_dataset(sampler, load, (
-        tf.TensorSpec([None, size, size, 3], tf.float32), tf.TensorSpec([None], tf.int64),
-        tf.TensorSpec([None], tf.float32)))

@@ -6,7 +6,7 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from elastic_hvd.core import runtime
+import elastic_hvd.tensorflow.keras as hvd
 
 
 class EpochReport(tf.keras.callbacks.Callback):
@@ -22,47 +22,42 @@ class EpochReport(tf.keras.callbacks.Callback):
         self.steps, self.epochs = [], []
         self.started = time.time()
 
-    @property
-    def comm(self):
-        return runtime.current("EpochReport")
-
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch_start = time.time()
         self._first_step = len(self.steps)
         self._last = time.time()
-        if epoch == 0 and self.comm.rank == 0:
+        if epoch == 0 and hvd.rank() == 0:
             print(f"{'epoch':>5} {'ranks':>5} {'loss':>8} {'train acc':>9} {'test acc':>8} "
                   f"{'img/s':>8} {'seconds':>8}", flush=True)
 
     def on_train_batch_end(self, batch, logs=None):
         now = time.time()
-        size = self.comm.size
+        size = hvd.size()
         self.steps.append({"t": now - self.started, "loss": float((logs or {}).get("loss", np.nan)),
                            "size": size, "step_s": now - self._last})
         self._last = now
 
     def test_accuracy(self):
-        comm = self.comm
-        mine = np.arange(comm.rank, len(self.test_labels), comm.size)
+        mine = np.arange(hvd.rank(), len(self.test_labels), hvd.size())
         correct = 0
         for start in range(0, len(mine), self.batch_size):
             ids = mine[start:start + self.batch_size]
             predicted = np.argmax(self.model(self.test_images.batch(ids), training=False), axis=1)
             correct += int(np.sum(predicted == self.test_labels[ids]))
-        total = comm.allreduce(np.array([correct, len(mine)], dtype=np.int64))
+        total = hvd.allreduce(np.array([correct, len(mine)], dtype=np.int64), op=hvd.Sum).numpy()
         return total[0] / max(total[1], 1)
 
     def on_epoch_end(self, epoch, logs=None):
         logs = logs or {}
         seconds = time.time() - self._epoch_start
-        row = {"epoch": epoch + 1, "ranks": self.comm.size, "loss": float(logs.get("loss", np.nan)),
+        row = {"epoch": epoch + 1, "ranks": hvd.size(), "loss": float(logs.get("loss", np.nan)),
                "train_acc": float(logs.get("accuracy", np.nan)), "test_acc": self.test_accuracy(),
                "img_per_s": self.samples_per_epoch / seconds, "seconds": seconds,
                "longest_step_s": max((s["step_s"] for s in self.steps[self._first_step:]),
                                      default=0.0),
                "t": time.time() - self.started}
         self.epochs.append(row)
-        if self.comm.rank == 0:
+        if hvd.rank() == 0:
             print(f"{row['epoch']:>5} {row['ranks']:>5} {row['loss']:>8.4f} "
                   f"{row['train_acc']:>9.3f} {row['test_acc']:>8.3f} {row['img_per_s']:>8.1f} "
                   f"{row['seconds']:>8.1f}",

@@ -9,6 +9,7 @@ and a little colour jitter, so the task is easy but not trivial.
 """
 
 import os
+import shutil
 import sys
 
 import numpy as np
@@ -110,20 +111,34 @@ def draw(class_name, rng):
 
 
 def generate(root, train_per_class=100, test_per_class=34, classes=None, seed=0):
-    """Write the stand-in dataset under ``root`` (skipped if it is already complete)."""
+    """Write the stand-in dataset under ``root`` (skipped if it is already complete).
+
+    Every process of a job may call it at once, joiners too: each draws the same
+    images into a directory of its own and the first to finish renames it into
+    place (an atomic rename), so nobody needs to wait for another process."""
     marker = os.path.join(root, ".complete")
     if os.path.exists(marker):
         return root
+    scratch = f"{root}.tmp-{os.getpid()}"
     names = list(classes or CLASSES)
     for split, count in (("Training", train_per_class), ("Test", test_per_class)):
         for k, name in enumerate(names):
-            folder = os.path.join(root, split, name)
+            folder = os.path.join(scratch, split, name)
             os.makedirs(folder, exist_ok=True)
             rng = np.random.default_rng([seed, k, split == "Test"])
             for i in range(count):
                 draw(name, rng).save(os.path.join(folder, f"{i}_100.jpg"), quality=92)
-    with open(marker, "w") as f:
+    with open(os.path.join(scratch, ".complete"), "w") as f:
         f.write(f"{len(names)} classes, {train_per_class}/{test_per_class} per class\n")
+    os.makedirs(os.path.dirname(os.path.abspath(root)), exist_ok=True)
+    try:
+        os.rename(scratch, root)
+    except OSError:  # another process was first (or an unfinished one left root behind)
+        if not os.path.exists(marker):
+            shutil.rmtree(root, ignore_errors=True)
+            os.rename(scratch, root)
+        else:
+            shutil.rmtree(scratch, ignore_errors=True)
     return root
 
 

@@ -1,8 +1,11 @@
 """Train a Keras Applications model on Fruits 360, data-parallel, through rank loss.
 
-    elastic-hvd-run -np 4 python examples/fruits360/train.py --fail rank=2,step=40
-    elastic-hvd-run -np 4 --respawn python examples/fruits360/train.py --fail rank=2,step=40
+    elastic-hvd-run -np 4 --faults rank=2,step=40 python examples/fruits360/train.py
+    elastic-hvd-run -np 4 --respawn --faults rank=2,step=40 python examples/fruits360/train.py
     mpirun --with-ft ulfm -np 4 python examples/fruits360/train.py --data-dir /data/fruits-360
+
+(``--faults`` kills rank 2 at step 40 for real, to show the recovery; plain
+``mpirun`` takes it as ``-x ELASTIC_HVD_FAULTS=rank=2,step=40``.)
 
 Without ``--data-dir`` a procedurally drawn stand-in dataset in the Fruits 360
 layout is generated on first use (``data/fruits360-standin``): the real dataset
@@ -16,6 +19,8 @@ import inspect
 import os
 import sys
 
+import numpy as np
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # INFO off, warnings on
 import tensorflow as tf  # noqa: E402
 
@@ -26,8 +31,6 @@ import stand_in  # noqa: E402
 
 import elastic_hvd.tensorflow.keras as hvd  # noqa: E402
 import keras_callbacks as kc  # noqa: E402
-from elastic_hvd.core import faults, runtime  # noqa: E402
-from elastic_hvd.sharding import ElasticSampler  # noqa: E402
 
 DEFAULT_DATA = os.path.join("data", "fruits360-standin")
 
@@ -56,9 +59,6 @@ def parse_args(argv=None):
     p.add_argument("--lr", type=float, default=0.001, help="per-rank rate (x size at start)")
     p.add_argument("--lr-policy", default="linear", choices=kc.lr.POLICIES)
     p.add_argument("--min-np", type=int, default=None)
-    p.add_argument("--fail", action="append", default=[], metavar="SPEC",
-                   help="inject a failure, e.g. rank=2,step=40,signal=KILL (repeatable; "
-                        "see elastic_hvd.core.faults)")
     p.add_argument("--out", default=os.path.join("runs", "fruits360"))
     p.add_argument("--progress", action="store_true", help="show Keras' progress bar (rank 0)")
     p.add_argument("--seed", type=int, default=0)
@@ -79,23 +79,24 @@ def build_model(args, classes):
         model = tf.keras.Sequential([base, tf.keras.layers.Dense(classes, activation="softmax")])
     else:
         model = constructor(**kwargs)
-    for layer in model._flatten_layers():
+    for layer in _all_layers(model):
         if isinstance(layer, tf.keras.layers.BatchNormalization):
             layer.momentum = args.bn_momentum
     return model
 
 
+def _all_layers(layer):
+    yield layer
+    for inner in getattr(layer, "layers", ()):  # a model inside a model (--weights)
+        yield from _all_layers(inner)
+
+
 def main(argv=None):
     args = parse_args(argv)
     hvd.init(min_np=args.min_np)
-    comm = runtime.current()
-    if args.fail:
-        faults.configure(comm.original_id, ";".join(args.fail))
     root = args.data_dir or DEFAULT_DATA
-    if (args.data_dir is None or args.stand_in) and not comm.joining:
-        if comm.rank == 0:  # (a process joining later finds the data ready)
-            stand_in.generate(root, args.standin_train, args.standin_test)
-        comm.barrier()
+    if args.data_dir is None or args.stand_in:
+        stand_in.generate(root, args.standin_train, args.standin_test)
     classes = args.classes
     if classes is not None:
         classes = int(classes) if classes.isdigit() else classes.split(",")
@@ -103,37 +104,34 @@ def main(argv=None):
     train_paths, train_labels = data.list_split(root, "Training", names)
     test_paths, test_labels = data.list_split(root, "Test", names)
     os.makedirs(args.out, exist_ok=True)
-    if comm.rank == 0:
+    if hvd.rank() == 0:
         print(f"Fruits 360 from {root}: {len(names)} classes, {len(train_paths)} training and "
-              f"{len(test_paths)} test images; {args.model} on {comm.size} ranks", flush=True)
+              f"{len(test_paths)} test images; {args.model} on {hvd.size()} ranks", flush=True)
 
     tf.keras.utils.set_random_seed(args.seed)
-    sampler = ElasticSampler(comm, len(train_paths), args.batch_size, seed=args.seed)
-    dataset = data.training_dataset(sampler, data.Images(train_paths, args.image_size),
-                                    train_labels, seed=args.seed)
+    images = data.Images(train_paths, args.image_size)
+
+    def load(ids, labels, epoch):  # decoded on demand, augmented per (sample, epoch)
+        return data.augment(images.batch(ids), ids, epoch, args.seed), labels
+
+    samples = hvd.ElasticData((np.arange(len(train_paths)), train_labels), args.batch_size,
+                              load=load, seed=args.seed)
     model = build_model(args, len(names))
-    model.compile(optimizer=hvd.DistributedOptimizer(tf.keras.optimizers.Adam(args.lr * comm.size)),
-                  loss="sparse_categorical_crossentropy", metrics=["accuracy"])
-    checkpoint = kc.ElasticCheckpoint(os.path.join(args.out, "checkpoint"), sampler=sampler)
-    initial_epoch = checkpoint.restore(model)
+    optimizer = hvd.DistributedOptimizer(tf.keras.optimizers.Adam(args.lr * hvd.size()))
+    model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy",
+                  metrics=["accuracy"])
+    checkpoint_dir = os.path.join(args.out, "checkpoint")
     events_path = os.path.join(args.out, "events.jsonl")
-    if comm.rank == 0 and initial_epoch == 0 and os.path.exists(events_path):
-        os.remove(events_path)
-    rescaler = kc.LearningRateRescaler(args.lr_policy, sampler=sampler)
-    log = kc.MembershipEventLog(events_path, rescaler=rescaler,
-                                log_dir=os.path.join(args.out, "tensorboard"))
+    resuming = os.path.exists(os.path.join(checkpoint_dir, "checkpoint.json"))
+    if hvd.rank() == 0 and not resuming and os.path.exists(events_path):
+        os.remove(events_path)  # a fresh run's log (a resumed run appends)
+    log = kc.MembershipEventLog(events_path, log_dir=os.path.join(args.out, "tensorboard"))
     epoch_report = report.EpochReport(data.Images(test_paths, args.image_size), test_labels,
                                       len(train_paths))
-    callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0), kc.FaultInjection(),
-                 rescaler, log, hvd.callbacks.MetricAverageCallback(), epoch_report, checkpoint,
-                 kc.ElasticGrowth(sampler)]  # acts under elastic-hvd-run --respawn / --max-np
-    if args.progress:
-        callbacks.append(kc.RankZeroProgbar())
-    with checkpoint.final_on_failure():
-        kc.fit_elastic(model, dataset, args.epochs, initial_epoch=initial_epoch, verbose=0,
-                       callbacks=callbacks)
+    hvd.fit(model, samples, args.epochs, callbacks=[log, epoch_report], lr_policy=args.lr_policy,
+            checkpoint_dir=checkpoint_dir, verbose=1 if args.progress else 0)
 
-    if comm.rank == 0 and epoch_report.epochs:
+    if hvd.rank() == 0 and epoch_report.epochs:
         plot_path = os.path.join(args.out, "training.png")
         report.plot(plot_path, epoch_report.steps, log.records, epoch_report.started,
                     args.batch_size)

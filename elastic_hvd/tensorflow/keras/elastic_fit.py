@@ -45,10 +45,15 @@ def fit(model, data, epochs=1, *, initial_epoch=0, callbacks=(), checkpoint_dir=
         initial_epoch = max(initial_epoch, checkpoint.restore(model))
     rescaler = given_one(kc.LearningRateRescaler) or kc.LearningRateRescaler(
         lr_policy, sampler=data.sampler)
+    log = given_one(kc.MembershipEventLog)
+    if log is None and events is not None:
+        log = kc.MembershipEventLog(events)
+    if log is not None and log.rescaler is None:
+        log.rescaler = rescaler  # its lr_after is the rescaled rate
     defaults = [
         given_one(BroadcastGlobalVariablesCallback) or BroadcastGlobalVariablesCallback(0),
         given_one(kc.FaultInjection) or kc.FaultInjection(), rescaler,
-        *([kc.MembershipEventLog(events, rescaler=rescaler)] if events else []),
+        *([log] if log is not None else []),
         given_one(MetricAverageCallback) or MetricAverageCallback(),
         *([checkpoint] if checkpoint is not None else []),
         given_one(kc.ElasticGrowth) or kc.ElasticGrowth(data.sampler),
