@@ -17,10 +17,15 @@ def init(comm=None, process_sets=None, min_np=None):
 
 
 def shutdown():
+    """Meet the other ranks, then forget the communicator (MPI is finalized at exit).
+
+    A rank that shuts down while the others still train leaves the job: they go
+    on without it and this process exits at once."""
     runtime.shutdown()
 
 
 def is_initialized():
+    """True between ``init()`` and ``shutdown()``."""
     return runtime.is_initialized()
 
 
@@ -29,10 +34,13 @@ def _comm(what):
 
 
 def size():
+    """Number of live ranks: it drops when a rank is lost and grows when one joins."""
     return _comm("hvd.size()").size
 
 
 def rank():
+    """This process's rank among the live ranks; survivors are renumbered after a loss,
+    so read it again instead of keeping it."""
     return _comm("hvd.rank()").rank
 
 
@@ -43,10 +51,12 @@ def _local_peers(comm):
 
 
 def local_size():
+    """Number of live ranks on this rank's host."""
     return len(_local_peers(_comm("hvd.local_size()"))[0])
 
 
 def local_rank():
+    """This rank's position among the live ranks on its host (in rank order)."""
     comm = _comm("hvd.local_rank()")
     return _local_peers(comm)[0].index(comm.rank)
 
@@ -65,56 +75,70 @@ def cross_size():
 
 
 def cross_rank():
+    """This rank's position among the live ranks with its local rank (one per host,
+    in rank order), as in Horovod."""
     comm = _comm("hvd.cross_rank()")
     local = _local_ranks(comm)
     return [r for r, lr in enumerate(local) if lr == local[comm.rank]].index(comm.rank)
 
 
 def is_homogeneous():
+    """Whether every host runs the same number of live ranks (a loss can change it)."""
     comm = _comm("hvd.is_homogeneous()")
     hosts = comm.hosts()
     return len({hosts.count(h) for h in hosts}) == 1
 
 
 def mpi_threads_supported():
+    """Whether MPI runs with ``MPI_THREAD_MULTIPLE``: always True once ``init()``
+    succeeded, which requires it (its heartbeat and spawn threads call MPI)."""
     MPI = _comm("hvd.mpi_threads_supported()").MPI
     return MPI.Query_thread() >= MPI.THREAD_MULTIPLE
 
 
 # What this build has, answered truthfully.
 def mpi_built():
+    """True: every collective goes through MPI (mpi4py); see :func:`elastic_enabled` for ULFM."""
     return True
 
 
 def mpi_enabled():
+    """True: MPI is elastic_hvd's only transport."""
     return True
 
 
 def gloo_built():
+    """False: no Gloo; elasticity comes from MPI ULFM, not from Gloo as in Horovod."""
     return False
 
 
 def gloo_enabled():
+    """False: no Gloo (see :func:`gloo_built`)."""
     return False
 
 
 def nccl_built():
+    """False: no NCCL; collectives run through MPI on host memory."""
     return False
 
 
 def ddl_built():
+    """False: no IBM DDL."""
     return False
 
 
 def ccl_built():
+    """False: no oneCCL."""
     return False
 
 
 def cuda_built():
+    """False: collectives never run on GPU memory (GPU tensors go through the host)."""
     return False
 
 
 def rocm_built():
+    """False: collectives never run on GPU memory (GPU tensors go through the host)."""
     return False
 
 

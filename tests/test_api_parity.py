@@ -72,3 +72,37 @@ def test_calls_before_init_raise_a_clear_error():
         pytest.skip("initialized by another test in this process")
     with pytest.raises(NotInitializedError, match="hvd.init"):
         hvd.size()
+
+
+# Every public module: the API that scripts import (Horovod's and elastic_hvd's own).
+PUBLIC_MODULES = [
+    "elastic_hvd.tensorflow", "elastic_hvd.tensorflow.keras",
+    "elastic_hvd.tensorflow.keras.callbacks", "elastic_hvd.tensorflow.elastic",
+    "elastic_hvd.tensorflow.keras.elastic", "elastic_hvd.keras", "elastic_hvd.keras.callbacks",
+    "elastic_hvd.keras.elastic", "elastic_hvd.core", "elastic_hvd.sharding",
+    "elastic_hvd.tensorflow.data", "keras_callbacks",
+]
+
+
+def _ours(obj):
+    return (getattr(obj, "__module__", None) or "").split(".")[0] in ("elastic_hvd",
+                                                                     "keras_callbacks")
+
+
+def test_every_public_class_and_function_has_a_docstring():
+    """A class's docstring must be its own (``__doc__``), not inherited from Keras or TF."""
+    missing = {}  # "module.qualname" -> the public names it goes by
+    for module_name in PUBLIC_MODULES:
+        module = importlib.import_module(module_name)
+        names = getattr(module, "__all__", None) or [n for n in dir(module)
+                                                      if not n.startswith("_")]
+        for name in names:
+            obj = getattr(module, name)
+            if not (inspect.isclass(obj) or inspect.isfunction(obj)) or not _ours(obj):
+                continue
+            doc = obj.__doc__ if inspect.isclass(obj) else inspect.getdoc(obj)
+            if not (doc or "").strip():
+                missing.setdefault(f"{obj.__module__}.{obj.__qualname__}", []).append(
+                    f"{module_name}.{name}")
+    lines = [f"{where} (public as {', '.join(names)})" for where, names in sorted(missing.items())]
+    assert not missing, f"{len(missing)} without a docstring:\n" + "\n".join(lines)

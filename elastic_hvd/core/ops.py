@@ -4,6 +4,9 @@ import enum
 
 
 class ReduceOp(enum.IntEnum):
+    """Horovod's reduce ops (``hvd.Average``, ``hvd.Sum``, ...); ADASUM exists for
+    Horovod's numbering only and is rejected (see :func:`check_op`)."""
+
     AVERAGE = 0
     SUM = 1
     ADASUM = 2

@@ -168,6 +168,7 @@ def exit_with(status):
 
 
 def is_initialized():
+    """Whether ``init()`` ran and ``shutdown()`` has not since."""
     return _current is not None
 
 

@@ -14,6 +14,8 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
                          compression=Compression.none, sparse_as_dense=False,
                          gradient_predivide_factor=1.0, op=Average, num_groups=0, groups=None,
                          process_set=global_process_set, scale_local_gradients=True):
+    """``elastic_hvd.tensorflow.keras.DistributedOptimizer`` with horovod.keras's
+    parameter order (no ``backward_passes_per_step``, ``average_aggregated_gradients``)."""
     return _DistributedOptimizer(optimizer, name, device_dense, device_sparse, compression,
                                  sparse_as_dense, gradient_predivide_factor, op,
                                  num_groups=num_groups, groups=groups, process_set=process_set,
@@ -25,6 +27,8 @@ def PartialDistributedOptimizer(optimizer, name=None, device_dense="", device_sp
                                 gradient_predivide_factor=1.0, op=Average, groups=None,
                                 process_set=global_process_set, local_layers=None,
                                 scale_local_gradients=True):
+    """``elastic_hvd.tensorflow.keras.PartialDistributedOptimizer`` with horovod.keras's
+    parameter order (no ``backward_passes_per_step``, ``average_aggregated_gradients``)."""
     return _PartialDistributedOptimizer(
         optimizer, name, device_dense, device_sparse, compression, sparse_as_dense,
         gradient_predivide_factor, op, groups=groups, process_set=process_set,

@@ -74,6 +74,7 @@ def allgather(tensor, name=None, ignore_name_scope=False, process_set=global_pro
 
 def grouped_allgather(tensors, name=None, ignore_name_scope=False,
                       process_set=global_process_set):
+    """:func:`allgather` of each tensor (one collective each, not fused)."""
     return [allgather(t, name=name, process_set=process_set) for t in tensors]
 
 
@@ -126,15 +127,19 @@ def broadcast_global_variables(root_rank):
 
 
 def broadcast_object(obj, root_rank=0, session=None, name=None, process_set=global_process_set):
+    """Any picklable ``obj`` of ``root_rank`` on every rank (lowest survivor's if the
+    root died); ``session`` and ``name`` are ignored."""
     _ops._check_process_set(process_set)
     return runtime.current("broadcast_object").broadcast_object(obj, root_rank)
 
 
 def broadcast_object_fn(root_rank=0, session=None, name=None, process_set=global_process_set):
+    """A function ``obj -> broadcast_object(obj, root_rank)``."""
     return lambda obj: broadcast_object(obj, root_rank, process_set=process_set)
 
 
 def allgather_object(obj, session=None, name=None, process_set=global_process_set):
+    """List of every live rank's picklable ``obj``, in rank order."""
     _ops._check_process_set(process_set)
     return runtime.current("allgather_object").allgather_object(obj)
 
@@ -161,6 +166,7 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False,
 def reducescatter(tensor, device_dense="", compression=Compression.none, op=Average, name=None,
                   process_set=global_process_set, ignore_name_scope=False, prescale_factor=1.0,
                   postscale_factor=1.0):
+    """:func:`grouped_reducescatter` of one tensor."""
     [out] = grouped_reducescatter([tensor], device_dense, compression, op, process_set,
                                   prescale_factor, postscale_factor, name=name)
     return out
@@ -181,6 +187,7 @@ def grouped_reducescatter(tensors, device_dense="", compression=Compression.none
 
 
 def barrier(process_set=global_process_set):
+    """Wait until every live rank reaches it (a rank lost meanwhile is not waited for)."""
     _ops._check_process_set(process_set)
     runtime.current("barrier").barrier()
 

@@ -39,5 +39,7 @@ class FP16Compressor(Compressor):
 
 
 class Compression:
+    """Horovod's ``hvd.Compression``: ``none`` (as is) or ``fp16`` (floats travel as float16)."""
+
     none = NoneCompressor
     fp16 = FP16Compressor

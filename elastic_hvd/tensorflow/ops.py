@@ -45,10 +45,12 @@ global_process_set = ProcessSet()
 
 
 def add_process_set(process_set):
+    """Always raises NotImplementedError: only the global process set is supported."""
     raise NotImplementedError("elastic_hvd supports only the global process set")
 
 
 def remove_process_set(process_set):
+    """Always raises NotImplementedError: only the global process set is supported."""
     raise NotImplementedError("elastic_hvd supports only the global process set")
 
 
@@ -62,6 +64,8 @@ def _comm():
 
 
 def _resolve_op(op, average, default=Average):
+    """The ReduceOp meant by ``op=`` or the deprecated ``average=`` (``default`` if
+    neither); Adasum raises NotImplementedError."""
     if op is not None and average is not None:
         raise ValueError("give either op= or the deprecated average=, not both")
     if op is None:
@@ -357,20 +361,24 @@ def size_op(process_set_id=0, name=None):
 
 
 def rank_op(name=None):
+    """The live rank, read when the op runs."""
     return _scalar_op(name or "HorovodRank", lambda: _comm().rank)
 
 
 def local_size_op(name=None):
+    """The live local size (:func:`~elastic_hvd.basics.local_size`), read when the op runs."""
     from .. import basics
     return _scalar_op(name or "HorovodLocalSize", basics.local_size)
 
 
 def local_rank_op(name=None):
+    """The live local rank (:func:`~elastic_hvd.basics.local_rank`), read when the op runs."""
     from .. import basics
     return _scalar_op(name or "HorovodLocalRank", basics.local_rank)
 
 
 def process_set_included_op(process_set_id=0, name=None):
+    """A constant 1: every rank is in the global set, the only one supported."""
     return tf.constant(1, dtype=tf.int32)
 
 

@@ -6,6 +6,7 @@ import weakref
 
 
 def optimizer_variables(optimizer):
+    """The optimizer's variables as a list (``variables`` is a method in Keras 2)."""
     variables = optimizer.variables
     return list(variables() if callable(variables) else variables)
 
@@ -18,11 +19,14 @@ def build_optimizer(optimizer, model):
 
 
 def get_lr(optimizer):
+    """The learning rate as a Python float (a variable or a plain number)."""
     lr = optimizer.learning_rate
     return float(lr.numpy() if hasattr(lr, "numpy") else lr)
 
 
 def set_lr(optimizer, value):
+    """Set the learning rate: assigned in place when it is a variable, so that compiled
+    train steps see the new value."""
     lr = optimizer.learning_rate
     if hasattr(lr, "assign"):
         lr.assign(value)

@@ -18,6 +18,8 @@ _epoch = time.perf_counter()
 
 
 def start_timeline(file_path, mark_cycles=False):
+    """Record every collective op from now on, for :func:`stop_timeline` to write to
+    ``file_path``; events recorded before are dropped.  ``mark_cycles`` is ignored."""
     global _events, _path
     with _lock:
         _events, _path = [], file_path
@@ -34,6 +36,8 @@ def record(name, started, finished):
 
 
 def stop_timeline():
+    """Stop recording and write the events, atomically: rank 0 writes, or every rank
+    when the path contains ``{rank}``.  A no-op if no timeline was started."""
     global _events, _path
     from ..core import runtime
     with _lock:

@@ -6,10 +6,13 @@ from itertools import pairwise
 from packaging import version  # a dependency of TensorFlow
 
 from ..basics import cuda_built, rocm_built
-from .ops import _resolve_op
+from .ops import Average, _resolve_op
 
-#: ``(op, average) -> op``: the reduce op meant by an ``op=``/deprecated ``average=`` pair.
-handle_average_backwards_compatibility = _resolve_op
+
+def handle_average_backwards_compatibility(op, average, default=Average):
+    """The reduce op meant by an ``op=``/deprecated ``average=`` pair (``default`` if
+    neither); both given raises ValueError, Adasum NotImplementedError."""
+    return _resolve_op(op, average, default)
 
 
 def gpu_available(ext_base_name, verbose=False):
@@ -26,6 +29,7 @@ def split_list(l, n):  # noqa: E741 -- Horovod's parameter name (keyword calls, 
 
 
 def check_num_rank_power_of_2(num_rank):
+    """Whether ``num_rank`` is a power of two (1, 2, 4, ...)."""
     return num_rank > 0 and num_rank & (num_rank - 1) == 0
 
 

@@ -62,26 +62,33 @@ def _value(x):
 
 def allreduce(value, name=None, average=None, prescale_factor=1.0, postscale_factor=1.0,
               op=None, compression=Compression.none, process_set=global_process_set):
+    """:func:`elastic_hvd.tensorflow.allreduce` of ``value`` (anything a tensor can be
+    made of); default op Average over the live ranks."""
     return _tf_api.allreduce(tf.convert_to_tensor(value), average=average, op=op, name=name,
                              prescale_factor=prescale_factor, postscale_factor=postscale_factor,
                              compression=compression, process_set=process_set)
 
 
 def allgather(value, name=None, process_set=global_process_set):
+    """:func:`elastic_hvd.tensorflow.allgather` of ``value``."""
     return _tf_api.allgather(tf.convert_to_tensor(value), name=name, process_set=process_set)
 
 
 def broadcast(value, root_rank, name=None, process_set=global_process_set):
+    """:func:`elastic_hvd.tensorflow.broadcast` of ``value``."""
     return _tf_api.broadcast(tf.convert_to_tensor(value), root_rank, name=name,
                              process_set=process_set)
 
 
 def reducescatter(value, name=None, op=Average, process_set=global_process_set):
+    """:func:`elastic_hvd.tensorflow.reducescatter` of ``value``."""
     return _tf_api.reducescatter(tf.convert_to_tensor(value), op=op, name=name,
                                  process_set=process_set)
 
 
 def broadcast_global_variables(root_rank):
+    """Always raises RuntimeError: it is for TF1 sessions; with Keras use
+    ``callbacks.BroadcastGlobalVariablesCallback``."""
     raise RuntimeError("broadcast_global_variables is for TF1 sessions; with Keras use "
                        "hvd.callbacks.BroadcastGlobalVariablesCallback(root_rank)")
 
