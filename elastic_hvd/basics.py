@@ -4,6 +4,7 @@ Every value is read from the *live* communicator, so after a rank is lost
 ``size()`` is the survivors' count and ``rank()`` may have changed.
 """
 
+from . import growth_policy
 from .core import runtime
 from .core.mpi_env import ft_enabled
 
@@ -13,7 +14,11 @@ def init(comm=None, process_sets=None, min_np=None):
     if process_sets not in (None, [], ()):
         raise NotImplementedError(
             "elastic_hvd supports only the global process set; process_sets= is not supported")
-    return runtime.init(comm, min_np=min_np)
+    first = not runtime.is_initialized()
+    started = runtime.init(comm, min_np=min_np)
+    if first:
+        growth_policy.warn_if_cannot_grow(runtime.session(), started)
+    return started
 
 
 def shutdown():

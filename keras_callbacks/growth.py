@@ -1,6 +1,6 @@
 """Growing back inside ``model.fit``: replacement and extra ranks start from the live state.
 
-:class:`ElasticGrowth` runs the core's :class:`~elastic_hvd.core.growth.GrowthPolicy`
+:class:`ElasticGrowth` runs the :class:`~elastic_hvd.growth_policy.GrowthPolicy`
 at every step boundary.  The step at which joiners are adopted, the lowest rank
 broadcasts the *live* training state -- a
 :class:`~elastic_hvd.tensorflow.training_state.TrainingState`, the format
@@ -26,7 +26,7 @@ import numpy as np
 import tensorflow as tf
 
 from elastic_hvd.core import faults, runtime
-from elastic_hvd.core.growth import GrowthPolicy
+from elastic_hvd.growth_policy import GrowthPolicy
 from elastic_hvd.tensorflow.keras.callbacks import BroadcastGlobalVariablesCallback
 from elastic_hvd.tensorflow.training_state import TrainingState
 

@@ -15,7 +15,7 @@ import pytest
 
 from elastic_hvd.core import collectives, config, runtime
 from elastic_hvd.core.collectives import CollectivesMixin
-from elastic_hvd.core.growth import GrowthPolicy, parse_hosts, read_hostfile
+from elastic_hvd.growth_policy import GrowthPolicy, parse_hosts, read_hostfile
 from elastic_hvd.core.membership import MembershipEvent
 from elastic_hvd.core.ops import ReduceOp, check_op, mpi_ops
 from elastic_hvd.core.session import Session

@@ -69,7 +69,6 @@ def init(comm=None, *, min_np=None, mismatch_timeout=None, stall_timeout=None):
                           else mismatch_timeout),
         elastic=elastic, heartbeat=heartbeat, parent=growth.merge_with_parent(MPI))
     _session = Session(_current)
-    growth.warn_if_cannot_grow(_session, _current)
     if not _current.joining:  # a joiner learns its id when it joins (see join())
         faults.configure(_current.original_id)
     atexit.register(_at_exit, MPI, heartbeat)

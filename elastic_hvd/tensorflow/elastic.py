@@ -19,7 +19,7 @@ top and, in ``run``, joins and receives the state before training.
 import functools
 
 from ..core import runtime
-from ..core.growth import GrowthPolicy
+from ..growth_policy import GrowthPolicy
 from . import (HorovodInternalError, broadcast_object, broadcast_object_fn,  # noqa: F401
                broadcast_variables, init, rank, shutdown)
 from .training_state import TrainingState

@@ -37,7 +37,7 @@ class TrainingState:
     ``model``: a Keras model (its ``optimizer`` unless ``optimizer`` is given);
     ``variables``: TF variables besides a model; ``sampler``: the
     :class:`~elastic_hvd.sharding.ElasticSampler`; ``policy``: the
-    :class:`~elastic_hvd.core.growth.GrowthPolicy`; ``callbacks``: callbacks whose
+    :class:`~elastic_hvd.growth_policy.GrowthPolicy`; ``callbacks``: callbacks whose
     ``live_state()`` travels (membership only); ``values``: a dict of picklable values.
     """
 

@@ -19,7 +19,7 @@ import numpy as np
 import report
 from elastic_hvd import core
 from elastic_hvd.core import faults
-from elastic_hvd.core.growth import GrowthPolicy
+from elastic_hvd.growth_policy import GrowthPolicy
 
 
 def main(steps, die_before_join=False):

@@ -1,0 +1,192 @@
+"""When a job grows, decided alike on every rank: the growth policy and host discovery.
+
+Why outside ``core``: the resilient communicator only knows *how* to spawn and
+adopt processes (``ResilientComm.spawn`` / ``poll_join`` / ``join``); *when* to
+grow -- replace lost ranks, fill slots a discovery script or hostfile reports --
+is a policy above it, which talks to the communicator through those calls only.
+"""
+
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+from .core import config
+
+class GrowthPolicy:
+    """When to grow, identically on every rank.
+
+    Joiners are spawned one per join: Open MPI's runtime applies ``--with-ft ulfm``
+    to the job ``mpirun`` started only, so in a spawned job of several processes
+    the death of one kills its siblings (measured here).  A spawned job of one
+    process loses nobody else.
+
+    ``respawn``: replace lost ranks, back up to the size the job started with.
+    ``max_np`` + ``discover`` (a callable returning ``{host: slots}``, run on rank 0
+    in a background thread every ``interval`` seconds): add ranks while slots are
+    free, up to ``max_np``.  The discovered target reaches the other ranks through
+    one small broadcast every ``check_every`` steps.  After a failed spawn (or
+    joiners that died before joining) the next try waits ``retry_steps`` steps;
+    after ``max_failures`` failures in a row the job stops trying.
+    """
+
+    #: Whether this process has a growth point: a policy's ``step`` ran, or the
+    #: script trains under ``hvd.elastic.run`` (whose ``commit`` grows).  A job asked to
+    #: grow by a script without one warns (see :func:`warn_if_cannot_grow`).
+    growth_point = False
+
+    def __init__(self, respawn=False, max_np=None, discover=None, interval=5.0,
+                 check_every=10, retry_steps=20, max_failures=3):
+        self.respawn, self.max_np, self.discover = respawn, max_np, discover
+        self.interval, self.check_every, self.retry_steps = interval, check_every, retry_steps
+        self.steps = 0           # step boundaries seen (the same on every rank)
+        self.next_try = 0        # no spawn before this step
+        self.failures, self.max_failures = 0, max_failures
+        self.discovered = {}     # host -> slots, as last agreed
+        self._latest = None      # rank 0's latest discovery (its thread writes it)
+        self._thread = None
+
+    @classmethod
+    def from_env(cls, environ=None):
+        """The policy ``elastic-hvd-run --respawn / --max-np / --host-discovery-script``
+        asked for (the settings of :mod:`.config`, from ``environ`` if given)."""
+        settings = config.current() if environ is None else config.from_environ(environ)
+        script, hostfile = settings.host_discovery, settings.hostfile
+        discover = None
+        if script:
+            discover = lambda: discover_hosts(script)  # noqa: E731
+        elif hostfile:
+            discover = lambda: read_hostfile(hostfile)  # noqa: E731
+        return cls(respawn=settings.respawn, max_np=settings.max_np, discover=discover,
+                   interval=settings.discovery_interval,
+                   check_every=settings.discovery_check_every)
+
+    def __bool__(self):
+        return bool(self.respawn or (self.max_np and self.discover))
+
+    def state(self):
+        return {"steps": self.steps, "next_try": self.next_try, "failures": self.failures,
+                "discovered": self.discovered}
+
+    def load_state(self, state):
+        self.steps, self.next_try = state["steps"], state["next_try"]
+        self.failures = state["failures"]
+        self.discovered = dict(state["discovered"])
+
+    def step(self, comm):
+        """Call at every step boundary on every rank: adopts ready joiners (returns
+        their event) and spawns new ones when the job is below its target.  In a
+        joining process the first call joins (and returns the same event)."""
+        GrowthPolicy.growth_point = True
+        if comm.joining:
+            return comm.join()
+        pending = comm.join_pending
+        event = comm.poll_join()
+        if event is not None:
+            self.failures = 0
+            return event
+        if pending and not comm.join_pending:  # abandoned: its joiners died or ranks changed
+            self._failed()
+        self.steps += 1
+        if self.max_np and self.discover:
+            self._start_discovery(comm)
+            if self.steps % self.check_every == 1 or self.check_every == 1:
+                self.discovered = comm.broadcast_object(
+                    self._latest if self._latest is not None else self.discovered)
+        if comm.join_pending or self.steps < self.next_try:
+            return None
+        count, hosts = self.wanted(comm)
+        if count > 0 and not comm.spawn(1, hosts[:1]):
+            self._failed()
+        return None
+
+    def _failed(self):
+        self.failures += 1
+        self.next_try = self.steps + (self.retry_steps if self.failures < self.max_failures
+                                      else float("inf"))
+
+    def wanted(self, comm):
+        """(ranks to add, hosts to put them on) -- the same on every rank."""
+        target = comm.initial_size if self.respawn else comm.size
+        placed = comm.hosts()
+        if self.discovered and self.max_np:
+            target = max(target, min(self.max_np, sum(self.discovered.values())))
+        if self.max_np:
+            target = min(target, self.max_np)
+        count = target - comm.size
+        if count <= 0:
+            return 0, []
+        if self.discovered:
+            free = []
+            for host, slots in sorted(self.discovered.items()):
+                free += [host] * max(0, slots - placed.count(host))
+            return min(count, len(free)), free[:count]
+        lost = [comm.host_of(i) for e in reversed(comm.events) for i in e.lost]
+        return count, [h for h in lost if h][:count]
+
+    def _start_discovery(self, comm):
+        if self._thread is not None or comm.rank != 0:
+            return
+
+        def loop():
+            while True:
+                try:
+                    self._latest = self.discover()
+                except Exception as exc:  # a broken script must not stop training
+                    print(f"elastic_hvd: host discovery failed: {exc}", file=sys.stderr,
+                          flush=True)
+                time.sleep(self.interval)
+
+        self._thread = threading.Thread(target=loop, name="elastic_hvd-discovery", daemon=True)
+        self._thread.start()
+
+
+CANNOT_GROW_WARNING = (
+    "elastic_hvd: WARNING: the job was asked to grow ({what}), but this script has no growth "
+    "point: lost ranks will not be replaced and no ranks added. Train with "
+    "keras_callbacks.ElasticGrowth (in fit_elastic's callbacks) or under hvd.elastic.run with "
+    "state.commit().")
+
+
+def warn_if_cannot_grow(session, comm):
+    """Once the first step commits, rank 0 says so if growth was asked for but nothing
+    in the script will ever run a growth policy (a plain Horovod-style ``fit``)."""
+    policy = GrowthPolicy.from_env()
+    if not policy:
+        return
+
+    def check(_ids):
+        session.commits.remove(check)
+        if not GrowthPolicy.growth_point and comm.rank == 0:
+            what = "--respawn" if policy.respawn else f"--max-np {policy.max_np}"
+            print(CANNOT_GROW_WARNING.format(what=what), file=sys.stderr, flush=True)
+
+    session.commits.add(check)
+
+
+def parse_hosts(text):
+    """``host:slots`` lines (horovodrun's discovery format) -> ``{host: slots}``.
+    ``localhost`` means this machine, under the name MPI knows it by."""
+    hosts = {}
+    for line in text.splitlines():
+        line = line.split("#")[0].strip()
+        if not line:
+            continue
+        host, _, slots = line.partition(":")
+        if host in ("localhost", "127.0.0.1"):
+            host = socket.gethostname()
+        hosts[host] = hosts.get(host, 0) + int(slots or 1)
+    return hosts
+
+
+def discover_hosts(script):
+    out = subprocess.run([script], capture_output=True, text=True, timeout=30, check=True)
+    return parse_hosts(out.stdout)
+
+
+def read_hostfile(path):
+    """An Open MPI hostfile (``host slots=N``) or discovery-format file."""
+    with open(path) as f:
+        text = f.read().replace(" slots=", ":")
+    return parse_hosts(text)
