@@ -31,9 +31,9 @@ import numpy as np
 
 from . import faults
 from .collectives import CollectivesMixin
-from .errors import (ElasticHvdError, MismatchError, RanksBelowMinimumError,
+from .errors import (ElasticHvdError, JoinOrderError, MismatchError, RanksBelowMinimumError,
                      RemoteCollectiveError)
-from .growth import GrowthMixin, JoinOrderError
+from .growth import GrowthMixin
 from .membership import Listeners, MembershipEvent
 from .signature import SignaturePredictor
 

@@ -48,3 +48,14 @@ class RemoteCollectiveError(ElasticHvdError):
 
 class FaultInjected(ElasticHvdError):
     """Raised by fault injection when asked to raise instead of sending a signal."""
+
+
+class JoinOrderError(ElasticHvdError):
+    """A joining process called a collective before it received the live state."""
+
+    def __init__(self, signature):
+        super().__init__(
+            f"this process was spawned into a running job and called {signature[0]!r} before "
+            "receiving the live training state; a joining process must skip start-up "
+            "collectives (guard them with `if not comm.joining:`) and reach training "
+            "(hvd.fit or keras_callbacks.fit_elastic) first")

@@ -50,17 +50,6 @@ def spawn_timeout():
     return config.current().spawn_timeout
 
 
-class JoinOrderError(ElasticHvdError):
-    """A joining process called a collective before it received the live state."""
-
-    def __init__(self, signature):
-        super().__init__(
-            f"this process was spawned into a running job and called {signature[0]!r} before "
-            "receiving the live training state; a joining process must skip start-up "
-            "collectives (guard them with `if not comm.joining:`) and reach training "
-            "(keras_callbacks.fit_elastic) first")
-
-
 class _Join:
     """A spawn whose joiners have not been adopted yet (parents' side)."""
 
