@@ -309,13 +309,26 @@ class ResilientComm(CollectivesMixin, GrowthMixin):
 
     def _shrink(self, comm):
         """``comm.Shrink()``: the survivors.  ULFM completes it uniformly despite
-        failures; any other error is a broken MPI, said plainly."""
+        failures; any other error is a broken MPI, said plainly.
+
+        An agreement on the new communicator follows before anyone may revoke it:
+        Open MPI 5.0.11 segfaults (``ompi_comm_revoke_local``) in a rank that
+        receives a revoke for a communicator it is still activating at the end of
+        its shrink -- a fast rank that met a failure in its first collective on
+        it sent one (seen in CI: a rank died inside the shrink).  A rank leaves
+        the agreement only once every live rank entered it, so all of them have
+        finished activating; its outcome does not matter (the next collective
+        finds any failure)."""
         try:
             new = comm.Shrink()
         except self.MPI.Exception as exc:
             raise ElasticHvdError(f"cannot repair the communicator: MPI_Comm_shrink failed on "
                                   f"rank {comm.rank}: {exc.Get_error_string()}") from exc
         new.Set_errhandler(self.MPI.ERRORS_RETURN)
+        try:
+            new.Agree(0)
+        except self.MPI.Exception:
+            pass
         return new
 
     def _fence(self, lost):

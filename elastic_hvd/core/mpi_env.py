@@ -11,8 +11,9 @@ import os
 
 from . import config
 
-def mca_defaults():
-    """The MCA settings elastic_hvd wants, as ``{name: value}``.
+def mca_defaults(settings=None):
+    """The MCA settings elastic_hvd wants, as ``{name: value}``, for ``settings``
+    (a :class:`config.Config`; None: the loaded ones).
 
     The heartbeat (``config``: 1 s period, 10 s timeout) is what catches a *frozen*
     rank (SIGSTOP, a stuck node); a crash is reported by the runtime within
@@ -20,7 +21,7 @@ def mca_defaults():
     beating; 10 s still leaves room for a process the OS does not schedule for a
     while (overloaded host, swapping).  Fast hang detection: 0.5 / 2 (docs/liveness.md).
     """
-    settings = config.current()
+    settings = settings or config.current()
     period, timeout = settings.heartbeat_period, settings.heartbeat_timeout
     return {
         # The heartbeat detector.  Its own thread stays off: in Open MPI 5.0.11 it
@@ -35,16 +36,17 @@ def mca_defaults():
     }
 
 
-def _apply_env_defaults():
-    for name, value in mca_defaults().items():
+def _apply_env_defaults(settings):
+    for name, value in mca_defaults(settings).items():
         os.environ.setdefault("OMPI_MCA_" + name, value)
 
 
-def load_mpi():
-    """Import and initialise ``mpi4py.MPI`` (once), after setting our MCA defaults."""
+def load_mpi(settings=None):
+    """Import and initialise ``mpi4py.MPI`` (once), after setting our MCA defaults
+    for ``settings`` (None: the loaded ones)."""
     import sys
     if "mpi4py.MPI" not in sys.modules:
-        _apply_env_defaults()
+        _apply_env_defaults(settings)
         import mpi4py
         mpi4py.rc.thread_level = "multiple"
     from mpi4py import MPI

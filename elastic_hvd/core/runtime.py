@@ -37,7 +37,14 @@ def init(comm=None, *, min_np=None, mismatch_timeout=None, stall_timeout=None):
     global _current, _session
     if _current is not None:
         return _current
-    settings = config.load()  # every setting, checked before anything starts
+    try:
+        settings = config.load()  # every setting, checked before anything starts
+    except ValueError:
+        # Start MPI all the same (default settings), then raise: a rank that exits
+        # before MPI_Init makes mpirun kill the others, perhaps before they have said
+        # why; after MPI_Init every rank ends through MPI_Finalize, each with its message.
+        load_mpi(config.Config())
+        raise
     MPI = load_mpi()
     if MPI.Query_thread() < MPI.THREAD_MULTIPLE:  # our heartbeat and spawn threads call MPI
         raise ElasticHvdError(

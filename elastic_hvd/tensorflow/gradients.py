@@ -225,6 +225,15 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="
     return wrapped
 
 
+def distribute_in_place(optimizer, compression=Compression.none):
+    """Make an optimizer that already holds state (a loaded model's) average its
+    gradients, keeping its variables: its class becomes the distributed subclass."""
+    if not getattr(optimizer, "_hvd_distributed", False):
+        optimizer.__class__ = _distributed_class(type(optimizer))
+        optimizer._hvd_reducer = GradientReducer(compression=compression)
+    return optimizer
+
+
 class DistributedGradientTape:
     """Wraps a ``tf.GradientTape``: ``gradient()`` returns gradients averaged across ranks."""
 

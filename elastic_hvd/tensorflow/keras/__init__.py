@@ -17,7 +17,7 @@ from ...basics import (ccl_built, cross_rank, cross_size, cuda_built, ddl_built,
 from .. import (Adasum, Average, SyncBatchNormalization, Compression, Max, Min, Product, ProcessSet,  # noqa: F401
                 Sum, add_process_set, allgather_object, broadcast_object, global_process_set,
                 remove_process_set, start_timeline, stop_timeline)
-from ..gradients import _distributed_class
+from ..gradients import distribute_in_place
 from ..util import is_version_greater_equal_than  # noqa: F401
 from ..data import ElasticData  # noqa: F401
 from . import callbacks, elastic  # noqa: F401
@@ -97,11 +97,6 @@ def load_model(filepath, custom_optimizers=None, custom_objects=None,
                compression=Compression.none, legacy_opts=False):
     """Load a Keras model and wrap its optimizer in a DistributedOptimizer."""
     model = tf.keras.models.load_model(filepath, custom_objects=custom_objects)
-    if getattr(model, "optimizer", None) is not None and \
-            not getattr(model.optimizer, "_hvd_distributed", False):
-        optimizer = model.optimizer
-        wrapped_cls = _distributed_class(type(optimizer))
-        optimizer.__class__ = wrapped_cls  # keeps its variables and state
-        from ..gradients import GradientReducer
-        optimizer._hvd_reducer = GradientReducer(compression=compression)
+    if getattr(model, "optimizer", None) is not None:
+        distribute_in_place(model.optimizer, compression)
     return model
