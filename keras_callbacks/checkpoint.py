@@ -51,6 +51,8 @@ class ElasticCheckpoint(tf.keras.callbacks.Callback):
         self.directory, self.sampler, self.every = directory, sampler, every
         self.epoch = 0
         self.saves = 0  # saves so far, counted on every rank: the next one's sequence number
+        #: After ``restore()`` found a checkpoint: what was resumed, as an event-log record.
+        self.resumed = None
 
     @property
     def meta_path(self):
@@ -105,11 +107,16 @@ class ElasticCheckpoint(tf.keras.callbacks.Callback):
             state = pickle.load(f)
         epoch = self._training_state(model).load_state(state, membership=False)
         comm = runtime.current() if runtime.is_initialized() else None
-        if comm is not None and comm.rank == 0:
+        size = comm.size if comm is not None else 1
+        self.resumed = {"epoch": epoch + 1, "step": 0, "lost": [], "gained": [],
+                        "old_size": state.get("size"), "new_size": size, "during": "resume",
+                        "checkpoint": entry["name"], "lr_before": state.get("lr"),
+                        "lr_after": get_lr(model.optimizer)}
+        if comm is None or comm.rank == 0:
             print(f"elastic_hvd: resuming at epoch {epoch + 1} from {entry['name']} (written on "
-                  f"{state.get('size', '?')} ranks, now {comm.size}; learning rate "
-                  f"{get_lr(model.optimizer):g}, as this job's script sets it)",
-                  file=sys.stderr, flush=True)
+                  f"{state.get('size', '?')} ranks, now {size}; learning rate "
+                  f"{state.get('lr', float('nan')):g} -> {get_lr(model.optimizer):g}, as this "
+                  "job's script sets it)", file=sys.stderr, flush=True)
         return epoch
 
     @contextlib.contextmanager

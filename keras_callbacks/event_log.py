@@ -7,6 +7,7 @@ import time
 
 import tensorflow as tf
 
+from elastic_hvd.core import runtime
 from elastic_hvd.tensorflow.keras.callbacks import get_lr
 
 from .base import MembershipCallback
@@ -20,7 +21,9 @@ class MembershipEventLog(MembershipCallback):
          "lr_before": 0.04, "lr_after": 0.03}
 
     ``epoch`` and ``step`` count from 1, as Keras prints them ("Epoch 2/5") and as the
-    console line says; the change happened during that step.
+    console line says; the change happened during that step.  A restart from a
+    checkpoint is a record too (``"during": "resume"``, with ``checkpoint``; see
+    :meth:`record_resume`).
     Pass the ``rescaler`` so that ``lr_after`` is the rescaled rate; ``log_dir`` adds
     TensorBoard scalars (``membership/size``, ``membership/recovery_ms``).
     """
@@ -44,6 +47,18 @@ class MembershipEventLog(MembershipCallback):
         super().load_live_state(state)
         self._steps_done = state["steps_done"]
 
+    def record_resume(self, record):
+        """Log a restart from a checkpoint (``ElasticCheckpoint.resumed``): the
+        job's size and learning rate may have changed since it was written."""
+        record = {"time": time.time(), **record}
+        self.records.append(record)
+        if runtime.current().rank == 0:
+            self._append(record)
+
+    def _append(self, record):
+        with open(self.path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+
     def handle(self, event):
         lr_before = lr_after = get_lr(self.model.optimizer)
         if self.rescaler is not None:  # it handled the event already (an earlier ORDER)
@@ -59,8 +74,7 @@ class MembershipEventLog(MembershipCallback):
         self.records.append(record)
         if self.comm.rank != 0:
             return
-        with open(self.path, "a") as f:
-            f.write(json.dumps(record) + "\n")
+        self._append(record)
         if self.console:
             change = ", ".join(f"{what} rank(s) {record[what]}" for what in ("lost", "gained")
                                if record[what])

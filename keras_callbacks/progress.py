@@ -9,12 +9,16 @@ class RankZeroProgbar(tf.keras.callbacks.ProgbarLogger):
     """Use with ``model.fit(verbose=0, callbacks=[RankZeroProgbar()])``.
 
     Every rank keeps the bar's state; only the rank that is rank 0 at that moment
-    draws it, so the bar goes on after the death of the original rank 0.
+    draws it, so the bar goes on after the death of the original rank 0.  With the
+    ``sampler`` (an :class:`~elastic_hvd.sharding.ElasticSampler`) the bar knows the
+    epoch's length, which Keras cannot (the dataset is a generator): it is
+    corrected after every step, as the membership changes it.
     """
 
-    def __init__(self, verbose=1):
+    def __init__(self, verbose=1, sampler=None):
         super().__init__()
         self._level = verbose
+        self.sampler = sampler
         self.total_epochs = None  # set by fit_elastic, which runs one fit() per epoch
 
     def set_params(self, params):
@@ -22,6 +26,18 @@ class RankZeroProgbar(tf.keras.callbacks.ProgbarLogger):
         if self.total_epochs:
             params["epochs"] = self.total_epochs
         super().set_params(params)
+
+    def _set_target(self, steps):
+        if self.sampler is None:
+            return
+        self.target = steps
+        if getattr(self, "progbar", None) is not None:
+            self.progbar.target = steps
+
+    def _epoch_length(self):
+        """A fresh epoch's steps at the current size (before its first step draws)."""
+        sampler = self.sampler
+        return -(-sampler.num_samples // (sampler.comm.size * sampler.batch_size))
 
 
 def _drawn_on_rank_zero(name):
@@ -34,6 +50,10 @@ def _drawn_on_rank_zero(name):
         self.verbose = level
         if getattr(self, "progbar", None) is not None:
             self.progbar.verbose = level
+        if self.sampler is not None and name == "on_epoch_begin":
+            self._set_target(self._epoch_length())
+        elif self.sampler is not None and name == "on_train_batch_end":
+            self._set_target(args[0] + 1 + self.sampler.steps_left())
         return hook_of_keras(self, *args, **kwargs)
     hook.__name__ = name
     return hook

@@ -60,3 +60,13 @@ def test_readme_example_trains_through_a_rank_killed_from_outside(tmp_path):
     meta = json.loads(open(os.path.join(out, "checkpoint", "checkpoint.json")).read())
     assert meta["epoch"] == 4  # the last epoch's checkpoint, written by whoever was rank 0
     assert "val_accuracy" in job.output or "val_loss" in job.output, job.output[-2000:]
+    # Restarted on 4 ranks for a fifth epoch: it resumes the checkpoint written on 3, at
+    # the rate the script sets for 4, and the event log says so.
+    again = run_job(str(EXAMPLE), "--epochs", 5, "--samples", 4096, "--out", out, np=4,
+                    tmp_path=tmp_path, timeout=300)
+    assert again.returncode == 0 and "on 4 ranks" in again.output, again.output[-3000:]
+    assert "resuming at epoch 5" in again.output and "now 4" in again.output
+    resumed = [json.loads(line) for line in open(os.path.join(out, "events.jsonl"))][-1]
+    assert (resumed["during"], resumed["old_size"], resumed["new_size"]) == ("resume", 3, 4)
+    assert resumed["lr_before"] == pytest.approx(0.03, rel=1e-5)
+    assert resumed["lr_after"] == pytest.approx(0.04, rel=1e-5)

@@ -5,6 +5,7 @@
 
 import hashlib
 import os
+import signal
 import sys
 import time
 
@@ -123,18 +124,20 @@ def after_init(comm):
 
 def _die_in_init():
     """TEST_DIE_IN_INIT=<rank>:<delay>: after MPI_Init, that rank is SIGKILLed ``delay``
-    seconds into init() (0: before it starts), by a thread: init() does not choose when."""
+    seconds into init() (0: before it starts), by a thread: init() does not choose when.
+    True in the victim (see main)."""
     victim, _, delay = os.environ.get("TEST_DIE_IN_INIT", "").partition(":")
     if not victim:
-        return
+        return False
     from elastic_hvd.core.mpi_env import load_mpi
     if load_mpi().COMM_WORLD.rank == int(victim):
-        import signal
         import threading
         kill = lambda: os.kill(os.getpid(), signal.SIGKILL)  # noqa: E731
         if float(delay or 0) <= 0:
             kill()
         threading.Timer(float(delay), kill).start()
+        return True
+    return False
 
 
 def main():
@@ -143,8 +146,10 @@ def main():
         import mpi4py
         mpi4py.rc.thread_level = os.environ["TEST_THREAD_LEVEL"]
         from mpi4py import MPI  # noqa: F401
-    _die_in_init()
+    victim = _die_in_init()
     comm = core.init()
+    if victim:  # the timer came too late (a loaded machine): die before the first collective
+        os.kill(os.getpid(), signal.SIGKILL)
     try:
         globals()[scenario](comm, *args)
     except core.FaultInjected:

@@ -50,6 +50,8 @@ def fit(model, data, epochs=1, *, initial_epoch=0, callbacks=(), checkpoint_dir=
         log = kc.MembershipEventLog(events)
     if log is not None and log.rescaler is None:
         log.rescaler = rescaler  # its lr_after is the rescaled rate
+    if log is not None and checkpoint is not None and checkpoint.resumed is not None:
+        log.record_resume(checkpoint.resumed)
     defaults = [
         given_one(BroadcastGlobalVariablesCallback) or BroadcastGlobalVariablesCallback(0),
         given_one(kc.FaultInjection) or kc.FaultInjection(), rescaler,
@@ -57,7 +59,8 @@ def fit(model, data, epochs=1, *, initial_epoch=0, callbacks=(), checkpoint_dir=
         given_one(MetricAverageCallback) or MetricAverageCallback(),
         *([checkpoint] if checkpoint is not None else []),
         given_one(kc.ElasticGrowth) or kc.ElasticGrowth(data.sampler),
-        *([given_one(kc.RankZeroProgbar) or kc.RankZeroProgbar(verbose)] if verbose else []),
+        *([given_one(kc.RankZeroProgbar) or kc.RankZeroProgbar(verbose, sampler=data.sampler)]
+          if verbose else []),
     ]
     everything = defaults + [c for c in given if not any(c is d for d in defaults)]
     if validation_data is not None:
