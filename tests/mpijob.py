@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -47,9 +48,48 @@ def _descendants(pid):
     return found
 
 
-def kill_tree(proc):
-    """SIGKILL ``proc``'s session and every descendant (also stopped ones)."""
-    victims = _descendants(proc.pid)
+def _environ(pid):
+    """The environment ``pid`` started with, as bytes entries ([] if gone or not ours)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return f.read().split(b"\0")
+    except OSError:
+        return []
+
+
+def job_processes(marker, *wanted):
+    """PIDs of the processes of the job marked ``marker`` (see run_job) whose
+    environment has an entry starting with each of ``wanted`` (``"PMIX_HOSTNAME=hostB"``)."""
+    needed = [f"{JOB_MARKER}={marker}".encode(), *(w.encode() for w in wanted)]
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != os.getpid():
+            env = _environ(entry)
+            if all(any(e.startswith(n) for e in env) for n in needed):
+                found.append(int(entry))
+    return sorted(found)
+
+
+def job_ranks(marker, host=None):
+    """``{MPI_COMM_WORLD rank: pid}`` of the job's ranks started by mpirun (on ``host``)."""
+    ranks = {}
+    for pid in job_processes(marker, *([f"PMIX_HOSTNAME={host}"] if host else [])):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if b"elastic_hvd.runner.program" not in f.read().split(b"\0"):
+                    continue
+        except OSError:
+            continue
+        rank = [e for e in _environ(pid) if e.startswith(b"OMPI_COMM_WORLD_RANK=")]
+        if rank:
+            ranks[int(rank[0].split(b"=")[1])] = pid
+    return ranks
+
+
+def kill_tree(proc, marker=None):
+    """SIGKILL ``proc``'s session and every descendant (also stopped ones), and every
+    process of the job marked ``marker``: a simulated host's daemon detaches itself."""
+    victims = _descendants(proc.pid) + (job_processes(marker) if marker else [])
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except OSError:
@@ -61,15 +101,31 @@ def kill_tree(proc):
             pass
 
 
+#: Environment variable that marks every process of one test job (see kill_tree).
+JOB_MARKER = "ELASTIC_HVD_TEST_JOB"
+HOSTS_DIR = ROOT / "tests" / "hosts"
+#: mpirun options for simulated hosts (tests/hosts/agent.sh), inside tests/hosts/netns.sh.
+SIMULATED_HOSTS_ARGS = (
+    f"--prtemca plm_ssh_agent {HOSTS_DIR / 'agent.sh'} --prtemca plm_ssh_no_tree_spawn 1 "
+    "--prtemca oob_tcp_if_include simhost0 --mca btl_tcp_if_include simhost0 "
+    "--pmixmca ptl_base_if_include lo")
+
+
 def run_job(worker, *args, np=4, timeout=120, faults=None, launcher=(), env=None,
-            tmp_path=None, expect_rc=0, watcher=None):
+            tmp_path=None, expect_rc=0, watcher=None, hosts=None):
     """Launch ``tests/workers/<worker>`` on ``np`` ranks through elastic-hvd-run.
 
-    ``watcher(out_dir)``, if given, runs in a thread while the job runs (e.g. to
-    kill a rank from outside at a moment no hook chose)."""
+    ``watcher(out_dir, marker)``, if given, runs in a thread while the job runs (e.g.
+    to kill a rank from outside at a moment no hook chose; ``job_processes(marker,
+    ...)`` finds them).  ``hosts`` (``"hostA:2,hostB:2"``): run on simulated hosts,
+    each with its own daemon and hostname, talking TCP (see tests/hosts/)."""
     out_dir = Path(tmp_path) / "out"
     out_dir.mkdir(parents=True, exist_ok=True)
+    marker = uuid.uuid4().hex
     cmd = [sys.executable, "-m", "elastic_hvd.runner.launch", "-np", str(np), *launcher]
+    if hosts:
+        cmd = [str(HOSTS_DIR / "netns.sh"), *cmd, "-H", hosts, "--mpi-args",
+               SIMULATED_HOSTS_ARGS]
     if faults:
         cmd += ["--faults", faults]
     cmd += ["-x", f"TEST_OUT_DIR={out_dir}"]
@@ -81,17 +137,18 @@ def run_job(worker, *args, np=4, timeout=120, faults=None, launcher=(), env=None
     cmd += ["python", str(WORKERS / worker), *map(str, args)]
     started = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True, cwd=ROOT)
+                            start_new_session=True, cwd=ROOT,
+                            env={**os.environ, JOB_MARKER: marker})
     if watcher is not None:
-        threading.Thread(target=watcher, args=(out_dir,), daemon=True).start()
+        threading.Thread(target=watcher, args=(out_dir, marker), daemon=True).start()
     try:
         output, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        kill_tree(proc)
+        kill_tree(proc, marker)
         output, _ = proc.communicate()
         pytest.fail(f"job hung for {timeout}s and was killed: {' '.join(cmd)}\n{output[-6000:]}")
     finally:
-        kill_tree(proc)
+        kill_tree(proc, marker)
     results = {}
     for path in out_dir.glob("rank*.json"):
         results[int(path.stem[4:])] = json.loads(path.read_text())

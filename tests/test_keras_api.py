@@ -33,7 +33,7 @@ def ranks_of(marker):
 def kill_one_rank_mid_training(marker, seed):
     """A watcher: once epoch 2 has started (epoch 1's checkpoint is committed),
     SIGKILL one random rank at a random moment, by PID."""
-    def watch(out):
+    def watch(out, _job):
         rng = random.Random(seed)
         committed = os.path.join(marker, "checkpoint", "checkpoint.json")
         deadline = time.monotonic() + 200

@@ -70,7 +70,7 @@ def test_rank_lost_within_a_multi_collective_step(tmp_path, scenario):
 
 def kill_at_random(seed):
     """A watcher: once training runs, SIGKILL one random rank at a random moment."""
-    def watch(out):
+    def watch(out, _job):
         rng = random.Random(seed)
         victim = rng.randrange(4)
         deadline = time.monotonic() + 120

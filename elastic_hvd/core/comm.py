@@ -147,6 +147,11 @@ class ResilientComm(CollectivesMixin, GrowthMixin):
         """Host name of each current rank."""
         return [self.host_of(i) for i in self._ids]
 
+    def emptied_hosts(self):
+        """Hosts where ranks of this job ran and none is left now, sorted."""
+        now = set(self.hosts())
+        return sorted({host for host, _ in self._procs.values() if host not in now})
+
     def host_of(self, original_id):
         """Host of a process, current or lost, by original id (None if unknown)."""
         return self._procs.get(original_id, (None, None))[0]

@@ -108,6 +108,15 @@ def _at_exit(MPI, heartbeat):
     heartbeat.stop()
     if MPI.Is_finalized():
         return
+    if _emptied_hosts:
+        # Open MPI 5.0.11's MPI_Finalize ends in a job-wide PMIx fence that a host
+        # whose ranks are all gone (its daemon alive) never joins: it would wait for
+        # ever.  All work is done and the survivors met above, so leave without it.
+        if _rank_at_exit == 0:
+            print(f"elastic_hvd: no rank is left on {', '.join(_emptied_hosts)}: exiting without "
+                  "MPI_Finalize (its closing fence would wait for that host)",
+                  file=sys.stderr, flush=True)
+        _exit_now()
     done = threading.Event()
     # After a join, ranks of different mpirun jobs (the joiners are spawned jobs)
     # often hang in MPI_Finalize; MPI_Comm_disconnect first hung too.  Don't wait long.
@@ -120,8 +129,7 @@ def _at_exit(MPI, heartbeat):
             print(f"elastic_hvd: MPI_Finalize did not return within {limit:.0f}s "
                   "(an Open MPI race after a rank loss or a join); exiting without it",
                   file=sys.stderr, flush=True)
-            os._exit(_exit_status if _exit_status is not None else
-                     1 if hasattr(sys, "last_value") else 0)
+            _exit_now()
 
     threading.Thread(target=deadline, daemon=True).start()
     ctypes.CDLL(_libmpi_path(MPI)).MPI_Finalize()
@@ -138,6 +146,19 @@ def _libmpi_path(MPI):
     return "libmpi.so.40"
 
 
+def _exit_now():
+    """End the process without MPI_Finalize, with the status the program asked for."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(_exit_status if _exit_status is not None else
+             1 if hasattr(sys, "last_value") else 0)
+
+
+#: Set when the ranks leave together: hosts this job ran on where no rank is left,
+#: and this process's rank then.
+_emptied_hosts, _rank_at_exit = (), None
+
+
 def _leave_together():
     """Meet the other ranks before MPI is finalized.
 
@@ -151,8 +172,10 @@ def _leave_together():
         _current.abandon_join()
         if _current.joining:  # never joined: not a member, nobody waits for it
             return
+        global _emptied_hosts, _rank_at_exit
         try:
             _current.leave()
+            _emptied_hosts, _rank_at_exit = _current.emptied_hosts(), _current.rank
         except LeftEarly as exc:
             print(f"elastic_hvd: rank {_current.rank} (original {_current.original_id}) leaves "
                   f"the job; the other ranks go on without it ({exc})", file=sys.stderr, flush=True)
@@ -168,9 +191,15 @@ _exit_status = None
 def exit_with(status):
     """``sys.exit(status)`` that keeps ``status`` even if MPI_Finalize then has to be
     cut short (see ``_at_exit``): atexit handlers cannot see SystemExit's code."""
+    set_exit_status(status)
+    sys.exit(status)
+
+
+def set_exit_status(status):
+    """The status this process exits with if MPI_Finalize is cut short or skipped
+    (``elastic-hvd-run``'s wrapper passes the program's ``sys.exit`` code on)."""
     global _exit_status
     _exit_status = status
-    sys.exit(status)
 
 
 def is_initialized():

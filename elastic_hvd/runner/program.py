@@ -61,6 +61,9 @@ def main():
     except SystemExit as exc:
         if path:
             _record(path, exit_code(exc.code))
+        runtime = sys.modules.get("elastic_hvd.core.runtime")
+        if runtime is not None:  # it may have to end the process itself (see _at_exit)
+            runtime.set_exit_status(exit_code(exc.code))
         raise
     if path:
         _record(path, 0)
