@@ -63,3 +63,52 @@ def test_all_ranks_of_a_host_killed_the_others_go_on_and_the_job_ends(tmp_path):
         assert r["hosts"] == ["hostA", "hostA", "hostC", "hostC"]
     assert [job.results[i]["local_rank"] for i in (0, 1, 4, 5)] == [0, 1, 0, 1]
     assert "MPI_Finalize did not return" not in job.output, job.output[-3000:]
+
+
+def victim_state(pid):
+    """The process state letter of ``pid`` (``T`` stopped, ``Z`` zombie), or None if gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return None
+
+
+def stop_then_watch(host, only, out_states):
+    """SIGSTOP ``only`` on ``host``; once the survivors reported, note each victim's state."""
+    stop = kill_ranks(host, signum=signal.SIGSTOP, only=only)
+
+    def watch(out, job):
+        stop(out, job)
+        victims = json.loads((out / "victims").read_text())
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not list(out.glob("rank*.json")):
+            time.sleep(0.05)
+        out_states.update({int(r): victim_state(p) for r, p in victims.items()})
+    return watch
+
+
+FAST_DETECTION = ["--heartbeat-period", "0.5", "--heartbeat-timeout", "2"]
+
+
+def test_a_frozen_rank_is_fenced_by_a_survivor_on_its_own_host(tmp_path):
+    states = {}
+    job = run_job("hosts.py", "steps", 150, np=4, hosts="hostA:2,hostB:2", tmp_path=tmp_path,
+                  launcher=FAST_DETECTION, watcher=stop_then_watch("hostB", [3], states),
+                  timeout=150)
+    assert sorted(job.results) == [0, 1, 2], job.output[-3000:]
+    assert all(r["wrong"] == [] and r["ids"] == [0, 1, 2] for r in job.results.values())
+    assert states[3] in (None, "Z"), states  # SIGKILLed by rank 2, its host's survivor
+
+
+def test_a_frozen_host_is_left_alone_and_the_job_still_ends(tmp_path):
+    # hostB's only rank freezes: no survivor shares its host, so nobody kills it
+    # (fencing never reaches across hosts); the launcher ends the job once every
+    # live rank has finished, and its exit status is theirs.
+    states = {}
+    job = run_job("hosts.py", "steps", 150, np=3, hosts="hostA:2,hostB:1", tmp_path=tmp_path,
+                  launcher=FAST_DETECTION, watcher=stop_then_watch("hostB", [2], states),
+                  env={"ELASTIC_HVD_FINALIZE_DEADLINE": "2"}, timeout=150)
+    assert sorted(job.results) == [0, 1], job.output[-3000:]
+    assert states[2] == "T", states
+    assert "mpirun still waits for a process the ranks evicted" in job.output

@@ -18,7 +18,10 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import threading
 from pathlib import Path
+
+from ..core import config
 
 
 def find_mpirun():
@@ -164,9 +167,47 @@ STARTUP_FAILURES = (b"listener thread failed to start",)
 LAUNCH_ATTEMPTS = 3
 
 
-def run_mpirun(cmd):
+def read_outcomes(status_dir):
+    """What the ranks recorded (see :mod:`.program`)."""
+    outcomes = []
+    for path in Path(status_dir).glob("*.json"):
+        try:
+            outcomes.append(json.loads(path.read_text()))
+        except (OSError, ValueError):  # being replaced right now: read it next time
+            pass
+    return outcomes
+
+
+def members_done(outcomes):
+    """True when every member of the job (as the ranks that finished last saw it)
+    has finished."""
+    ended = [o for o in outcomes if o["code"] is not None and o.get("members") is not None]
+    finished = {o["id"] for o in ended}
+    return bool(ended) and all(set(o["members"]) <= finished for o in ended)
+
+
+def end_when_members_done(proc, status_dir, grace, stopped):
+    """End ``proc`` (mpirun) if it still runs ``grace`` seconds after every member
+    finished.  mpirun waits for every process it started, also one the ranks
+    evicted long ago -- frozen (SIGSTOP, a hung node) on a host where no rank is
+    left to fence it: only the runtime can reach it there."""
+    while not stopped.wait(0.5):
+        if members_done(read_outcomes(status_dir)):
+            if stopped.wait(grace):
+                return
+            print("elastic-hvd-run: every rank of the job has finished, but mpirun still waits "
+                  "for a process the ranks evicted (frozen or hung); ending it", file=sys.stderr,
+                  flush=True)
+            proc.terminate()
+            if not stopped.wait(10):
+                proc.kill()
+            return
+
+
+def run_mpirun(cmd, status_dir=None, grace=None):
     """Run ``cmd``, passing its stderr through; returns (exit status, whether
-    mpirun itself failed to start)."""
+    mpirun itself failed to start).  With ``status_dir``, mpirun is ended ``grace``
+    seconds after every member of the job finished (see end_when_members_done)."""
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE)
 
     def forward(signum, _frame):
@@ -174,6 +215,10 @@ def run_mpirun(cmd):
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, forward)
+    stopped = threading.Event()
+    if status_dir is not None:
+        threading.Thread(target=end_when_members_done, args=(proc, status_dir, grace, stopped),
+                         daemon=True).start()
     tail = b""
     out = sys.stderr.buffer
     while chunk := proc.stderr.read1(65536):
@@ -181,6 +226,7 @@ def run_mpirun(cmd):
         out.flush()
         tail = (tail + chunk)[-4096:]
     code = proc.wait()
+    stopped.set()
     return code, code != 0 and any(text in tail for text in STARTUP_FAILURES)
 
 
@@ -223,13 +269,16 @@ def main(argv=None):
         return 0
     with tempfile.TemporaryDirectory(prefix="elastic_hvd") as status_dir:
         cmd[1:1] = ["-x", f"ELASTIC_HVD_STATUS_DIR={status_dir}"]
+        # Members that finished exit within the finalize deadline (runtime._at_exit).
+        exported = dict(item.split("=", 1) for item in args.env if "=" in item)
+        grace = config.from_environ({**os.environ, **exported}).finalize_deadline + 3
         for attempt in range(1, LAUNCH_ATTEMPTS + 1):
-            code, not_started = run_mpirun(cmd)
+            code, not_started = run_mpirun(cmd, status_dir, grace)
             if not (not_started and attempt < LAUNCH_ATTEMPTS):
                 break
             print(f"elastic-hvd-run: mpirun could not start (attempt {attempt}); launching again",
                   file=sys.stderr)
-        outcomes = [json.loads(path.read_text()) for path in Path(status_dir).glob("*.json")]
+        outcomes = read_outcomes(status_dir)
     status, why = exit_status(code, outcomes)
     if why:
         print(f"elastic-hvd-run: {why}", file=sys.stderr)

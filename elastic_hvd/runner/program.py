@@ -5,11 +5,12 @@
 spawned to grow the job run it too (they run the ranks' own command line, see
 :func:`elastic_hvd.core.growth.program_argv`).  In ``$ELASTIC_HVD_STATUS_DIR`` each
 process writes ``<host>-<pid>.json``: ``{"id": null, "code": null}`` when it starts,
-then its exit code and original id when the program *ends by itself* (returns or
-calls ``sys.exit``).  A process killed, crashed, or ended by an uncaught exception
-(which the runtime turns into a crash when other ranks go on, see
-``runtime._at_exit``) keeps ``"code": null``: it was lost.  An atexit handler could
-not do this: it does not see ``SystemExit``'s code.
+then its exit code, its original id and the job's members then (original ids)
+when the program *ends by itself* (returns or calls ``sys.exit``).  A process
+killed, crashed, or ended by an uncaught exception (which the runtime turns into
+a crash when other ranks go on, see ``runtime._at_exit``) keeps ``"code": null``:
+it was lost.  An atexit handler could not do this: it does not see
+``SystemExit``'s code.
 """
 
 import json
@@ -42,9 +43,10 @@ def exit_code(code):
 
 def _record(path, code):
     runtime = sys.modules.get("elastic_hvd.core.runtime")  # imported if the program used it
-    ident = runtime.current().original_id if runtime and runtime.is_initialized() else None
+    comm = runtime.current() if runtime and runtime.is_initialized() else None
     with open(path + ".tmp", "w") as f:
-        json.dump({"id": ident, "code": code}, f)
+        json.dump({"id": comm and comm.original_id, "code": code,
+                   "members": comm and list(comm.ids)}, f)
     os.replace(path + ".tmp", path)
 
 
