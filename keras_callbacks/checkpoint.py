@@ -22,6 +22,7 @@ The state file is a pickle: load checkpoints only from directories you trust.
 import contextlib
 import os
 import pickle
+import socket
 import sys
 
 import tensorflow as tf
@@ -86,7 +87,8 @@ class ElasticCheckpoint(tf.keras.callbacks.Callback):
         self.files.write(seq, resume_epoch, {
             "state": ("state.pkl", lambda path: _write_state(state, path)),
             "weights": ("weights.h5", model.save_weights),
-        }, {"epoch": resume_epoch})
+        }, {"epoch": resume_epoch, "host": socket.gethostname(),
+            "writer": runtime.current().original_id if runtime.is_initialized() else None})
 
     def restore(self, model):
         """Load the newest committed checkpoint into ``model`` (and the sampler);

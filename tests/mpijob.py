@@ -112,20 +112,26 @@ SIMULATED_HOSTS_ARGS = (
 
 
 def run_job(worker, *args, np=4, timeout=120, faults=None, launcher=(), env=None,
-            tmp_path=None, expect_rc=0, watcher=None, hosts=None):
+            tmp_path=None, expect_rc=0, watcher=None, hosts=None, hostfile=False):
     """Launch ``tests/workers/<worker>`` on ``np`` ranks through elastic-hvd-run.
 
     ``watcher(out_dir, marker)``, if given, runs in a thread while the job runs (e.g.
     to kill a rank from outside at a moment no hook chose; ``job_processes(marker,
     ...)`` finds them).  ``hosts`` (``"hostA:2,hostB:2"``): run on simulated hosts,
-    each with its own daemon and hostname, talking TCP (see tests/hosts/)."""
+    each with its own daemon and hostname, talking TCP (see tests/hosts/), given
+    with ``-H`` or, with ``hostfile``, in an Open MPI hostfile."""
     out_dir = Path(tmp_path) / "out"
     out_dir.mkdir(parents=True, exist_ok=True)
     marker = uuid.uuid4().hex
     cmd = [sys.executable, "-m", "elastic_hvd.runner.launch", "-np", str(np), *launcher]
     if hosts:
-        cmd = [str(HOSTS_DIR / "netns.sh"), *cmd, "-H", hosts, "--mpi-args",
-               SIMULATED_HOSTS_ARGS]
+        where = ["-H", hosts]
+        if hostfile:
+            path = Path(tmp_path) / "hostfile"
+            path.write_text("".join(f"{h.split(':')[0]} slots={h.split(':')[1]}\n"
+                                    for h in hosts.split(",")))
+            where = ["--hostfile", str(path)]
+        cmd = [str(HOSTS_DIR / "netns.sh"), *cmd, *where, "--mpi-args", SIMULATED_HOSTS_ARGS]
     if faults:
         cmd += ["--faults", faults]
     cmd += ["-x", f"TEST_OUT_DIR={out_dir}"]

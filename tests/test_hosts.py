@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from mpijob import job_ranks, run_job
+from mpijob import assert_same_weights_every_step, job_ranks, run_job
 
 pytestmark = [
     pytest.mark.multirank,
@@ -19,9 +19,10 @@ pytestmark = [
 ]
 
 
-def test_ranks_know_their_host_and_local_ranks(tmp_path):
+@pytest.mark.parametrize("hostfile", [False, True], ids=["H", "hostfile"])
+def test_ranks_know_their_host_and_local_ranks(tmp_path, hostfile):
     job = run_job("hosts.py", "layout", np=5, hosts="hostA:2,hostB:2,hostC:1",
-                  tmp_path=tmp_path)
+                  tmp_path=tmp_path, hostfile=hostfile)
     results = [job.results[i] for i in range(5)]
     assert [r["host"] for r in results] == ["hostA", "hostA", "hostB", "hostB", "hostC"]
     assert [r["local_rank"] for r in results] == [0, 1, 0, 1, 0]
@@ -112,3 +113,34 @@ def test_a_frozen_host_is_left_alone_and_the_job_still_ends(tmp_path):
     assert sorted(job.results) == [0, 1], job.output[-3000:]
     assert states[2] == "T", states
     assert "mpirun still waits for a process the ranks evicted" in job.output
+
+
+def test_a_lost_hosts_ranks_are_replaced_on_the_host_discovery_offers(tmp_path):
+    # The allocation has a spare host (hostC); discovery offers hostA and hostC only
+    # (hostB "went bad").  Both ranks of hostB die at step 10: two joiners start on
+    # hostC, each adopted with the live total (growth_scenarios checks every step).
+    script = tmp_path / "discover.sh"
+    script.write_text("#!/bin/sh\necho hostA:2\necho hostC:2\n")
+    script.chmod(0o755)
+    job = run_job("growth_scenarios.py", 120, np=4, hosts="hostA:2,hostB:2,hostC:2",
+                  faults="rank=2,step=10;rank=3,step=10", tmp_path=tmp_path, timeout=240,
+                  launcher=["--max-np", "4", "--host-discovery-script", str(script),
+                            "--discovery-interval", "0.5"])
+    results = job.results
+    assert sorted(results) == [0, 1, 4, 5], job.output[-4000:]
+    assert all(r["total"][0] == r["expected"] for r in results.values())
+    assert [results[i]["host"] for i in (0, 1, 4, 5)] == ["hostA", "hostA", "hostC", "hostC"]
+    assert results[0]["sizes"][-1] == 4
+
+
+def test_the_checkpoint_writer_moves_to_another_host(tmp_path):
+    # hostA (ranks 0 and 1: the writer) dies early in epoch 2 of 3; hostB's ranks
+    # finish, rank 2 writing epochs 2 and 3 -- every step the same weights everywhere.
+    job = run_job("elastic_fit.py", 3, np=4, hosts="hostA:2,hostB:2", tmp_path=tmp_path,
+                  faults="rank=0,step=9;rank=1,step=9", timeout=300)
+    assert sorted(job.results) == [2, 3], job.output[-4000:]
+    out = tmp_path / "out"
+    assert_same_weights_every_step(out)
+    meta = json.loads((out / "ckpt" / "checkpoint.json").read_text())
+    assert (meta["epoch"], meta["host"], meta["writer"]) == (3, "hostB", 2)
+    assert [(o["epoch"], o["host"]) for o in meta["older"]][-1] == (1, "hostA")

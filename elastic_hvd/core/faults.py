@@ -16,7 +16,7 @@ list of ``key=value``::
     takes part in, between the spawn and the merge (a failure *during* the repair
     that grows the job back), or as the N-th hand-over of the live training state
     to joined processes starts on this rank (``keras_callbacks.ElasticGrowth``).
-    that grows the job back).  Exactly one of the three.
+    Exactly one of the four.
 ``signal``
     ``KILL`` (default), ``TERM``, ``STOP``, ``SEGV``… any ``signal.SIG*`` name, or
     ``RAISE`` to raise :class:`FaultInjected` (a Python exception in user code), or

@@ -11,6 +11,7 @@ number.  Every rank, joiners too, reports its view at the end.  With
 
 import os
 import signal
+import socket
 import sys
 import time
 
@@ -55,6 +56,7 @@ def main(steps, die_before_join=False):
     report.write(comm.original_id, ids=list(comm.ids), size=comm.size, total=total.tolist(),
                  expected=expected,
                  joined_at=joined_at, sizes=sizes, pid=os.getpid(), started_at=started_at,
+                 host=socket.gethostname(),
                  events=[e.as_dict() for e in comm.events])
 
 
