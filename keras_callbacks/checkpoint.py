@@ -14,6 +14,13 @@ takes over) leaves the last committed checkpoint loadable.  Names come from a
 save counter that every rank counts (restored from the checkpoint, handed to
 joining ranks), never from the writer's own history.
 
+Under ``elastic-hvd-run``, with a ``sampler``, the current rank 0 also sends the
+training state after each step to the launcher's memory
+(:mod:`elastic_hvd.state_replica`), skipping steps while a send is in flight:
+when the runtime ends the job for a lost node, the launcher starts it again and
+``restore()`` takes that copy if it is newer than the newest checkpoint -- at
+most the steps since the copy are trained again.
+
 Not guaranteed: if the writer dies during the *final* checkpoint (too few
 ranks), nobody writes it in its place: the previous committed one stays.
 The state file is a pickle: load checkpoints only from directories you trust.
@@ -24,9 +31,11 @@ import os
 import pickle
 import socket
 import sys
+import threading
 
 import tensorflow as tf
 
+from elastic_hvd import state_replica
 from elastic_hvd.core import runtime
 from elastic_hvd.tensorflow.optimizer_state import get_lr
 from elastic_hvd.tensorflow.training_state import TrainingState
@@ -54,6 +63,7 @@ class ElasticCheckpoint(tf.keras.callbacks.Callback):
         self.saves = 0  # saves so far, counted on every rank: the next one's sequence number
         #: After ``restore()`` found a checkpoint: what was resumed, as an event-log record.
         self.resumed = None
+        self._sending = None  # the thread sending the state to the launcher, if any
 
     @property
     def meta_path(self):
@@ -72,6 +82,24 @@ class ElasticCheckpoint(tf.keras.callbacks.Callback):
         if (epoch + 1) % self.every == 0:
             self.save(epoch + 1)
 
+    def on_train_batch_end(self, batch, logs=None):
+        if self.sampler is None or not state_replica.configured():
+            return
+        if runtime.current().rank != 0 or (self._sending and self._sending.is_alive()):
+            return
+        done = self.sampler.steps_left() == 0 and not self.sampler.uncommitted()
+        state = self._training_state(self.model).state(self.epoch + 1 if done else self.epoch)
+
+        def send():
+            try:
+                state_replica.put([state["session"]["step"]],
+                                  pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL))
+            except OSError as exc:  # the launcher is gone or busy: the next step tries again
+                print(f"elastic_hvd: could not send the state to the launcher: {exc}",
+                      file=sys.stderr, flush=True)
+        self._sending = threading.Thread(target=send, name="elastic_hvd-replica", daemon=True)
+        self._sending.start()
+
     def _training_state(self, model):
         return TrainingState(model, sampler=self.sampler)
 
@@ -87,35 +115,63 @@ class ElasticCheckpoint(tf.keras.callbacks.Callback):
         self.files.write(seq, resume_epoch, {
             "state": ("state.pkl", lambda path: _write_state(state, path)),
             "weights": ("weights.h5", model.save_weights),
-        }, {"epoch": resume_epoch, "host": socket.gethostname(),
+        }, {"epoch": resume_epoch, "step": state.get("session", {}).get("step"),
+            "host": socket.gethostname(),
             "writer": runtime.current().original_id if runtime.is_initialized() else None})
 
     def restore(self, model):
-        """Load the newest committed checkpoint into ``model`` (and the sampler);
-        returns the epoch to resume at (0: none).  A process joining a running job
-        loads nothing: it receives the live state."""
+        """Load the newest state into ``model`` (and the sampler): the launcher's
+        copy if it is newer than the newest committed checkpoint, else that
+        checkpoint; returns the epoch to resume at (0: none).  A process joining a
+        running job loads nothing: it receives the live state."""
         if runtime.is_initialized() and runtime.current().joining:
             return 0
         entries = self.files.entries()
+        if entries:
+            self.saves = max(self.saves, self.files.next_seq(entries))
+        kept = self._replica()
+        if kept is not None and (not entries or kept["session"]["step"] >= (
+                entries[0].get("step") or 0)):
+            return self._load(model, kept, f"the launcher's copy of step {kept['session']['step']}")
         if not entries:
             return 0
-        self.saves = max(self.saves, self.files.next_seq(entries))
         epoch = []
         self.files.load(lambda entry: epoch.append(self._read(model, entry)))
         return epoch[-1]
 
+    @staticmethod
+    def _replica():
+        """The state the launcher kept from a run it relaunched, or None (the same on
+        every rank: rank 0 fetches it)."""
+        if not state_replica.configured():
+            return None
+        comm = runtime.current() if runtime.is_initialized() else None
+        blob = None
+        if comm is None or comm.rank == 0:
+            try:
+                blob = state_replica.get()[1]
+            except OSError as exc:
+                print(f"elastic_hvd: the launcher's copy of the state is out of reach: {exc}",
+                      file=sys.stderr, flush=True)
+        if comm is not None:
+            blob = comm.broadcast_object(blob)
+        return pickle.loads(blob) if blob else None
+
     def _read(self, model, entry):
         with open(os.path.join(self.directory, entry["state"]), "rb") as f:
             state = pickle.load(f)
+        return self._load(model, state, entry["name"])
+
+    def _load(self, model, state, source):
         epoch = self._training_state(model).load_state(state, membership=False)
         comm = runtime.current() if runtime.is_initialized() else None
         size = comm.size if comm is not None else 1
         self.resumed = {"epoch": epoch + 1, "step": 0, "lost": [], "gained": [],
                         "old_size": state.get("size"), "new_size": size, "during": "resume",
-                        "checkpoint": entry["name"], "lr_before": state.get("lr"),
+                        "checkpoint": source, "lr_before": state.get("lr"),
                         "lr_after": get_lr(model.optimizer)}
         if comm is None or comm.rank == 0:
-            print(f"elastic_hvd: resuming at epoch {epoch + 1} from {entry['name']} (written on "
+            print(f"elastic_hvd: resuming at epoch {epoch + 1} from {source} (written on "
                   f"{state.get('size', '?')} ranks, now {size}; learning rate "
                   f"{state.get('lr', float('nan')):g} -> {get_lr(model.optimizer):g}, as this "
                   "job's script sets it)", file=sys.stderr, flush=True)

@@ -147,14 +147,22 @@ def run_job(worker, *args, np=4, timeout=120, faults=None, launcher=(), env=None
                             env={**os.environ, JOB_MARKER: marker})
     if watcher is not None:
         threading.Thread(target=watcher, args=(out_dir, marker), daemon=True).start()
+    # Read until EOF in a thread, but wait for the launcher itself: a frozen process
+    # (a stopped daemon in a test) may hold the pipe open after the launcher is done.
+    chunks = []
+    reader = threading.Thread(target=lambda: chunks.append(proc.stdout.read()), daemon=True)
+    reader.start()
     try:
-        output, _ = proc.communicate(timeout=timeout)
+        proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         kill_tree(proc, marker)
-        output, _ = proc.communicate()
+        reader.join(10)
+        output = "".join(chunks)
         pytest.fail(f"job hung for {timeout}s and was killed: {' '.join(cmd)}\n{output[-6000:]}")
     finally:
         kill_tree(proc, marker)
+    reader.join(10)
+    output = "".join(chunks)
     results = {}
     for path in out_dir.glob("rank*.json"):
         results[int(path.stem[4:])] = json.loads(path.read_text())
@@ -165,12 +173,14 @@ def run_job(worker, *args, np=4, timeout=120, faults=None, launcher=(), env=None
 
 
 def assert_same_weights_every_step(out):
-    """Every rank has the same weights after each committed step (``stepcheck.py``)."""
+    """Every rank has the same weights after each committed step (``stepcheck.py``),
+    in each launch of the job."""
     by_step = {}
     for path in Path(out).glob("steps*.jsonl"):
         for line in path.read_text().splitlines():
             entry = json.loads(line)
-            by_step.setdefault(entry["step"], {}).setdefault(entry["digest"], []).append(
+            step = (entry.get("launch", 0), entry["step"])  # a relaunch redoes steps
+            by_step.setdefault(step, {}).setdefault(entry["digest"], []).append(
                 (path.stem, entry["epoch"], entry["batch"]))
     assert by_step, "no step digests written"
     for step, digests in sorted(by_step.items()):

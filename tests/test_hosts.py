@@ -144,3 +144,48 @@ def test_the_checkpoint_writer_moves_to_another_host(tmp_path):
     meta = json.loads((out / "ckpt" / "checkpoint.json").read_text())
     assert (meta["epoch"], meta["host"], meta["writer"]) == (3, "hostB", 2)
     assert [(o["epoch"], o["host"]) for o in meta["older"]][-1] == (1, "hostA")
+
+
+def parent_of(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
+def lose_node(host, after_lines):
+    """A watcher: once rank 0 logged ``after_lines`` steps, SIGKILL ``host``'s Open MPI
+    daemon and every rank on it at once -- a node lost."""
+    def watch(out, job):
+        steps = out / "steps0.jsonl"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if steps.exists() and len(steps.read_text().splitlines()) >= after_lines:
+                break
+            time.sleep(0.02)
+        ranks = job_ranks(job, host)
+        for pid in {parent_of(p) for p in ranks.values()} | set(ranks.values()):
+            os.kill(pid, signal.SIGKILL)
+        (out / "victims").write_text(json.dumps(ranks))
+    return watch
+
+
+def test_a_lost_node_is_relaunched_without_it_from_the_state_kept_in_memory(tmp_path):
+    # The runtime ends the whole job when hostB's daemon dies; elastic-hvd-run
+    # relaunches it on hostA and the spare hostC, from the launcher's copy of the
+    # last committed step (not the epoch-1 checkpoint), losing at most one step.
+    job = run_job("elastic_fit.py", 3, np=4, hosts="hostA:2,hostB:2,hostC:2",
+                  tmp_path=tmp_path, env={"TEST_STEP_SLEEP": "0.1"}, timeout=300,
+                  watcher=lose_node("hostB", 10))
+    out = tmp_path / "out"
+    assert "node loss: the MPI runtime lost the daemon of host hostB" in job.output
+    assert "relaunching on hostA:2,hostC:2 (4 ranks; relaunch 1 of 3)" in job.output
+    assert sorted(job.results) == [0, 1, 2, 3], job.output[-4000:]
+    assert_same_weights_every_step(out)  # in each launch
+    first = [json.loads(line) for line in (out / "steps0.jsonl").read_text().splitlines()
+             if json.loads(line)["launch"] == 0]
+    done = max(e["step"] for e in first)
+    restored = job.results[0]["restored"]
+    assert done - 1 <= restored["step"] <= done, (done, restored["step"])
+    assert restored["digest"] == next(e["digest"] for e in first if e["step"] == restored["step"])
+    assert f"from the launcher's copy of step {restored['step']}" in job.output
+    meta = json.loads((out / "ckpt" / "checkpoint.json").read_text())
+    assert meta["epoch"] == 3 and meta["host"] in ("hostA", "hostC")

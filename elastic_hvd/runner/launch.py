@@ -12,6 +12,7 @@ import argparse
 import importlib.metadata
 import json
 import os
+import select
 import shlex
 import signal
 import subprocess
@@ -21,7 +22,9 @@ import tempfile
 import threading
 from pathlib import Path
 
+from .. import state_replica
 from ..core import config
+from . import relaunch
 
 
 def find_mpirun():
@@ -77,6 +80,10 @@ def parser():
                    help="export an environment variable to every rank (repeatable)")
     p.add_argument("--faults", help="fault-injection plan, as ELASTIC_HVD_FAULTS "
                                     "(e.g. 'rank=1,step=20,signal=KILL')")
+    p.add_argument("--max-relaunches", type=int, default=3,
+                   help="when the MPI runtime ends the job for a lost node, start it again "
+                        "without that host (from -H / --hostfile), at most this many times; "
+                        "the script resumes from the newest state (default 3; 0: never)")
     p.add_argument("--mpi-args", default="", help="extra arguments for mpirun (one string)")
     p.add_argument("--as-horovod", action="store_true",
                    help="run an unchanged Horovod script: `import horovod...` gives elastic_hvd")
@@ -206,8 +213,9 @@ def end_when_members_done(proc, status_dir, grace, stopped):
 
 def run_mpirun(cmd, status_dir=None, grace=None):
     """Run ``cmd``, passing its stderr through; returns (exit status, whether
-    mpirun itself failed to start).  With ``status_dir``, mpirun is ended ``grace``
-    seconds after every member of the job finished (see end_when_members_done)."""
+    mpirun itself failed to start, the host whose daemon the runtime lost or None).
+    With ``status_dir``, mpirun is ended ``grace`` seconds after every member of the
+    job finished (see end_when_members_done)."""
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE)
 
     def forward(signum, _frame):
@@ -221,13 +229,22 @@ def run_mpirun(cmd, status_dir=None, grace=None):
                          daemon=True).start()
     tail = b""
     out = sys.stderr.buffer
-    while chunk := proc.stderr.read1(65536):
-        out.write(chunk)
-        out.flush()
-        tail = (tail + chunk)[-4096:]
+    # Until EOF -- or until mpirun has exited: a frozen daemon it started may hold the
+    # pipe open for ever.
+    while True:
+        if select.select([proc.stderr], [], [], 0.5)[0]:
+            chunk = proc.stderr.read1(65536)
+            if not chunk:
+                break
+            out.write(chunk)
+            out.flush()
+            tail = (tail + chunk)[-4096:]
+        elif proc.poll() is not None:
+            break
     code = proc.wait()
     stopped.set()
-    return code, code != 0 and any(text in tail for text in STARTUP_FAILURES)
+    return code, code != 0 and any(text in tail for text in STARTUP_FAILURES), \
+        relaunch.lost_daemon_host(tail)
 
 
 def exit_status(code, outcomes):
@@ -261,25 +278,58 @@ def exit_status(code, outcomes):
     return 0, None
 
 
+#: Set for the ranks: 0 in the first launch, n in the n-th relaunch after a node loss.
+LAUNCH_ENV = "ELASTIC_HVD_LAUNCH"
+
+
+def launch(args, cmd):
+    """Run the job once: ``(exit status, the line saying why or None, the host whose
+    daemon the runtime lost or None)``."""
+    with tempfile.TemporaryDirectory(prefix="elastic_hvd") as status_dir:
+        cmd = [cmd[0], "-x", f"ELASTIC_HVD_STATUS_DIR={status_dir}", *cmd[1:]]
+        # Members that finished exit within the finalize deadline (runtime._at_exit).
+        exported = dict(item.split("=", 1) for item in args.env if "=" in item)
+        grace = config.from_environ({**os.environ, **exported}).finalize_deadline + 3
+        for attempt in range(1, LAUNCH_ATTEMPTS + 1):
+            code, not_started, lost = run_mpirun(cmd, status_dir, grace)
+            if not (not_started and attempt < LAUNCH_ATTEMPTS):
+                break
+            print(f"elastic-hvd-run: mpirun could not start (attempt {attempt}); launching again",
+                  file=sys.stderr)
+        outcomes = read_outcomes(status_dir)
+    if lost is not None:
+        return relaunch.EXIT_NODE_LOST, (
+            f"exit status {relaunch.EXIT_NODE_LOST}: node loss: the MPI runtime lost the daemon "
+            f"of host {lost} and ended the whole job (mpirun exit status {code})"), lost
+    return (*exit_status(code, outcomes), None)
+
+
 def main(argv=None):
     args = parser().parse_args(argv)
     cmd = build_command(args)
     if args.dry_run:
         print(shlex.join(cmd))
         return 0
-    with tempfile.TemporaryDirectory(prefix="elastic_hvd") as status_dir:
-        cmd[1:1] = ["-x", f"ELASTIC_HVD_STATUS_DIR={status_dir}"]
-        # Members that finished exit within the finalize deadline (runtime._at_exit).
-        exported = dict(item.split("=", 1) for item in args.env if "=" in item)
-        grace = config.from_environ({**os.environ, **exported}).finalize_deadline + 3
-        for attempt in range(1, LAUNCH_ATTEMPTS + 1):
-            code, not_started = run_mpirun(cmd, status_dir, grace)
-            if not (not_started and attempt < LAUNCH_ATTEMPTS):
-                break
-            print(f"elastic-hvd-run: mpirun could not start (attempt {attempt}); launching again",
-                  file=sys.stderr)
-        outcomes = read_outcomes(status_dir)
-    status, why = exit_status(code, outcomes)
+    keeper = state_replica.Keeper()
+    os.environ.update(keeper.environ())  # passed on by name: a secret stays off command lines
+    relaunches = 0
+    while True:
+        cmd[1:1] = ["-x", state_replica.ADDRESS_ENV, "-x", state_replica.SECRET_ENV,
+                    "-x", f"{LAUNCH_ENV}={relaunches}"]
+        status, why, lost = launch(args, cmd)
+        if lost is None or relaunches >= args.max_relaunches:
+            break
+        again, why_not = relaunch.without_host(args, lost)
+        if again is None:
+            why += f"; not relaunched: {why_not}"
+            break
+        relaunches += 1
+        kept = (f"the state of step {keeper.position[0]} kept in memory, or a newer checkpoint"
+                if keeper.position else "the script's checkpoint, if it has one")
+        print(f"elastic-hvd-run: {why}; relaunching on {again.hosts} ({again.np} ranks; relaunch "
+              f"{relaunches} of {args.max_relaunches}) from {kept}", file=sys.stderr, flush=True)
+        args, cmd = again, build_command(again)
+    keeper.close()
     if why:
         print(f"elastic-hvd-run: {why}", file=sys.stderr)
     return status

@@ -72,17 +72,18 @@ def main(epochs):
         tf.keras.optimizers.SGD(BASE_LR * comm.size, momentum=0.5)), loss="mse")
     checkpoint = CrashingCheckpoint(os.path.join(OUT, "ckpt"), sampler=sampler)
     initial_epoch = checkpoint.restore(model)
+    restored = {"step": runtime.session().step, "digest": StepDigests.digest(model)}
     rescaler = kc.LearningRateRescaler("linear")
     log = kc.MembershipEventLog(os.path.join(OUT, "events.jsonl"), rescaler=rescaler)
     with checkpoint.final_on_failure():
         kc.fit_elastic(model, dataset, epochs, initial_epoch=initial_epoch, verbose=0, callbacks=[
-            hvd.callbacks.BroadcastGlobalVariablesCallback(0), kc.FaultInjection(), rescaler,
-            log, checkpoint, hvd.callbacks.MetricAverageCallback(), kc.RankZeroProgbar(),
-            kc.ElasticGrowth(sampler), SlowSteps(), StepDigests(comm.original_id)])
+            hvd.callbacks.BroadcastGlobalVariablesCallback(0), StepDigests(comm.original_id),
+            kc.FaultInjection(), rescaler, log, checkpoint, hvd.callbacks.MetricAverageCallback(),
+            kc.RankZeroProgbar(), kc.ElasticGrowth(sampler), SlowSteps()])
     loss = float(np.mean((model.predict(x, verbose=0) - y) ** 2))
     report.write(comm.original_id, ids=list(comm.ids), events=log.records,
                  lr=float(model.optimizer.learning_rate.numpy()), loss=loss,
-                 initial_epoch=initial_epoch, requeued=sampler.requeued,
+                 initial_epoch=initial_epoch, requeued=sampler.requeued, restored=restored,
                  digest=str(hash(tuple(np.concatenate([w.ravel() for w in model.get_weights()])
                                        .tolist()))))
 

@@ -9,6 +9,7 @@ every rank, joiners included (see ``mpijob.assert_same_weights_every_step``).
 import hashlib
 import json
 import os
+import time
 
 import numpy as np
 import tensorflow as tf
@@ -17,7 +18,8 @@ from elastic_hvd.core import runtime
 
 
 class StepDigests(tf.keras.callbacks.Callback):
-    """Appends ``{"step", "epoch", "batch", "digest"}`` to ``TEST_OUT_DIR/steps<id>.jsonl``."""
+    """Appends ``{"step", "epoch", "batch", "digest", "launch", "time"}`` to
+    ``TEST_OUT_DIR/steps<id>.jsonl`` (``launch``: 0, or n in the n-th relaunch)."""
 
     def __init__(self, original_id):
         super().__init__()
@@ -27,10 +29,16 @@ class StepDigests(tf.keras.callbacks.Callback):
     def on_epoch_begin(self, epoch, logs=None):
         self.epoch = epoch
 
-    def on_train_batch_end(self, batch, logs=None):
+    @staticmethod
+    def digest(model):
         h = hashlib.sha256()
-        for w in self.model.get_weights():
+        for w in model.get_weights():
             h.update(np.ascontiguousarray(w).tobytes())
+        return h.hexdigest()
+
+    def on_train_batch_end(self, batch, logs=None):
         with open(self.path, "a") as f:
             f.write(json.dumps({"step": runtime.session().step, "epoch": self.epoch,
-                                "batch": batch, "digest": h.hexdigest()}) + "\n")
+                                "batch": batch, "digest": self.digest(self.model),
+                                "launch": int(os.environ.get("ELASTIC_HVD_LAUNCH", 0)),
+                                "time": time.time()}) + "\n")

@@ -1,0 +1,54 @@
+"""Node loss: recognising the runtime's teardown, and the hosts to relaunch on.
+
+Open MPI 5.0.11's runtime (PRRTE 3.0.11) ends the whole job when it loses a
+node's daemon -- unconditionally, before any survivor sees an MPI error -- and
+``mpirun`` then exits 0.  Such a failure cannot be repaired in place: the
+launcher says so in one line and starts the job again without that host; the
+script resumes from the newest state (:mod:`elastic_hvd.state_replica`, or its
+checkpoint).
+"""
+
+import copy
+import re
+
+from ..growth_policy import parse_hosts, read_hostfile
+
+#: Exit status of a job the runtime ended for a lost node, when it is not relaunched.
+EXIT_NODE_LOST = 4
+
+_TEARDOWN = re.compile(rb"PRTE has lost communication with a remote daemon\..*?"
+                       rb"Remote daemon: *\[[^\]]*\] on node (\S+)", re.S)
+
+
+def lost_daemon_host(output):
+    """The host whose daemon the runtime lost, if ``output`` (mpirun's) says it
+    ended the job for that; else None."""
+    found = _TEARDOWN.search(output)
+    return found.group(1).decode(errors="replace") if found else None
+
+
+def hosts_of(args):
+    """``{host: slots}`` the launch named (``-H`` or ``--hostfile``); {} if neither."""
+    if args.hosts:
+        return parse_hosts(args.hosts.replace(",", "\n"))
+    if args.hostfile:
+        return read_hostfile(args.hostfile)
+    return {}
+
+
+def without_host(args, lost):
+    """The launch arguments for a relaunch without host ``lost`` and the reason
+    there is none (``(args, None)`` or ``(None, why)``)."""
+    hosts = hosts_of(args)
+    if not hosts:
+        return None, ("the hosts are not known to the launcher (give them with -H or "
+                      "--hostfile to have it relaunch without the lost one)")
+    hosts.pop(lost, None)
+    slots = sum(hosts.values())
+    size = min(args.np or slots, slots)
+    if size < (args.min_np or 1):
+        return None, f"the hosts left have {slots} slot(s), fewer than --min-np {args.min_np}"
+    again = copy.copy(args)
+    again.hosts = ",".join(f"{host}:{count}" for host, count in hosts.items())
+    again.hostfile, again.np = None, size
+    return again, None
