@@ -11,9 +11,10 @@ and says so.
 Besides the API, the helper modules that code written for Horovod imports
 (``horovod.tensorflow.util``, ``horovod.common.util``, ``horovod.runner.util.threads``)
 map to elastic_hvd's stand-ins, which hold their cheap, harmless names; asking one
-for any other name raises an AttributeError naming it as a Horovod internal that
-elastic_hvd does not provide (:func:`not_provided`).  The packages above them
-(``horovod.common``, ...) are empty stand-ins that answer the same way.
+(or a package above it) for any other name raises an AttributeError naming it as a
+Horovod internal that elastic_hvd does not provide (:func:`not_provided`).  Every
+aliased package is an elastic_hvd package of the same shape, because importing
+``horovod.a.b`` sets ``b`` on whatever ``horovod.a`` is.
 """
 
 import importlib
@@ -21,7 +22,6 @@ import importlib.abc
 import importlib.metadata
 import importlib.util
 import sys
-import types
 
 ALIASES = {
     "horovod": "elastic_hvd",
@@ -34,13 +34,12 @@ ALIASES = {
     "horovod.keras.callbacks": "elastic_hvd.keras.callbacks",
     "horovod.keras.elastic": "elastic_hvd.keras.elastic",
     "horovod.tensorflow.util": "elastic_hvd.tensorflow.util",
-    "horovod.common.util": "elastic_hvd.common_util",
-    "horovod.runner.util.threads": "elastic_hvd.runner.threads",
+    "horovod.common": "elastic_hvd.common",
+    "horovod.common.util": "elastic_hvd.common.util",
+    "horovod.runner": "elastic_hvd.runner",
+    "horovod.runner.util": "elastic_hvd.runner.util",
+    "horovod.runner.util.threads": "elastic_hvd.runner.util.threads",
 }
-
-# Packages above an alias that have no elastic_hvd equivalent of their own.
-_STAND_IN_PACKAGES = {name.rsplit(".", k)[0] for name in ALIASES
-                      for k in range(1, name.count(".") + 1)} - set(ALIASES)
 
 
 def not_provided(horovod_module):
@@ -56,18 +55,12 @@ class _AliasFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def find_spec(self, name, path=None, target=None):
         if name in ALIASES:
             return importlib.util.spec_from_loader(name, self)
-        if name in _STAND_IN_PACKAGES:
-            return importlib.util.spec_from_loader(name, self, is_package=True)
         if name.split(".")[0] == "horovod":
             raise ImportError(f"{name} has no elastic_hvd equivalent (horovod is aliased to "
                               f"elastic_hvd; supported: {', '.join(sorted(ALIASES))})")
         return None
 
     def create_module(self, spec):
-        if spec.name in _STAND_IN_PACKAGES:
-            package = types.ModuleType(spec.name, f"elastic_hvd's empty stand-in for {spec.name}")
-            package.__getattr__ = not_provided(spec.name)
-            return package
         return importlib.import_module(ALIASES[spec.name])
 
     def exec_module(self, module):

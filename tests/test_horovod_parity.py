@@ -260,7 +260,7 @@ def test_executing_eagerly_and_util_as_horovod_has_them(tf_hvd):
     # util.py; horovod/_keras and Keras callbacks written for Horovod call it.
     tf, hvd = tf_hvd
     assert hvd._executing_eagerly() is True
-    assert tf.function(lambda: tf.constant(hvd._executing_eagerly()))().numpy() == False  # noqa: E712
+    assert not tf.function(lambda: tf.constant(hvd._executing_eagerly()))().numpy()
     assert hvd.util._executing_eagerly is hvd._executing_eagerly
     assert hvd.util._make_subgraph(lambda: tf.constant(3))().numpy() == 3
     with pytest.raises(AttributeError, match="horovod.tensorflow.util.nothing_such is a part "
@@ -311,6 +311,11 @@ def test_horovods_helper_modules_resolve_to_stand_ins(horovod_alias):
         assert os.environ["ELASTIC_HVD_PARITY_TEST"] == "1" and "NOT_SET" not in os.environ
     assert "ELASTIC_HVD_PARITY_TEST" not in os.environ
     threads = importlib.import_module("horovod.runner.util.threads")
+    # Each aliased package is elastic_hvd's own of the same shape: the import sets
+    # `util` and `threads` on elastic_hvd's packages, where they are already.
+    import elastic_hvd.runner
+    assert sys.modules["horovod.runner"] is elastic_hvd.runner
+    assert elastic_hvd.runner.util.threads is threads
     assert threads.execute_function_multithreaded(lambda a, b: a * b, [[2, 3], [4, 5]]) \
         == {0: 6, 1: 20}
     done = []

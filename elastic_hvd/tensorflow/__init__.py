@@ -20,8 +20,8 @@ from .gradients import (DistributedGradientTape, DistributedOptimizer,  # noqa: 
 from .ops import (Adasum, Average, Max, Min, Product, ProcessSet, Sum,  # noqa: F401
                   add_process_set, global_process_set, local_rank_op, local_size_op,
                   process_set_included_op, rank_op, remove_process_set, size_op)
-from ..common_util import gpu_available, split_list  # noqa: F401
-from ..common_util import num_rank_is_power_2 as check_num_rank_power_of_2  # noqa: F401
+from ..common.util import gpu_available, split_list  # noqa: F401
+from ..common.util import num_rank_is_power_2 as check_num_rank_power_of_2  # noqa: F401
 from .timeline import start_timeline, stop_timeline  # noqa: F401
 from . import util  # noqa: F401 (Horovod's hvd.util)
 from .util import (_executing_eagerly, handle_average_backwards_compatibility,  # noqa: F401

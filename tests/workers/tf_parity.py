@@ -35,7 +35,7 @@ def raised(fn):
     """The names in CATCHERS that catch what ``fn()`` raises (None: it did not)."""
     try:
         fn()
-    except Exception as exc:  # noqa: BLE001 -- what is raised is the observation
+    except Exception as exc:  # what is raised is the observation
         return sorted(name for name, cls in CATCHERS.items() if isinstance(exc, cls))
     return None
 

@@ -9,10 +9,8 @@ import contextlib
 import os
 from itertools import pairwise
 
-from packaging import version
-
-from .basics import cuda_built, rocm_built
-from .horovod_alias import not_provided
+from ..basics import cuda_built, rocm_built
+from ..horovod_alias import not_provided
 
 __getattr__ = not_provided("horovod.common.util")
 
@@ -37,6 +35,7 @@ def num_rank_is_power_2(num_rank):
 
 def is_version_greater_equal_than(ver, target):
     """``ver >= target`` for version strings (``"2.16.1" >= "2.6.0"``)."""
+    from packaging import version  # TensorFlow's dependency, not ours: imported when needed
     return version.parse(ver) >= version.parse(target)
 
 

@@ -6,7 +6,7 @@ name raises an AttributeError that names it as a Horovod internal not provided.
 import queue
 import threading
 
-from ..horovod_alias import not_provided
+from ...horovod_alias import not_provided
 
 __getattr__ = not_provided("horovod.runner.util.threads")
 
