@@ -125,8 +125,8 @@ def check_scaled(ranks):
         inputs = [rank["scaled"][k]["input"] for rank in ranks]
         dtype, op, pre, post = (record[key] for key in ("dtype", "op", "pre", "post"))
         want = horovod_reduce(inputs, dtype, op, pre, post)
-        differs |= {dtype} if not np.array_equal(want, exact(inputs, dtype, op, pre, post)) \
-            else set()
+        if not np.array_equal(want, exact(inputs, dtype, op, pre, post)):
+            differs.add(dtype)
         for rank in ranks:
             got = np.asarray(rank["scaled"][k]["output"], dtype)
             assert np.array_equal(got, want), (record["collective"], dtype, op, pre, post)
