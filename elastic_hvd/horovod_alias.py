@@ -7,6 +7,14 @@
 starts.  Nothing named ``horovod`` is installed: an import hook placed first on
 ``sys.meta_path`` maps the module names, so it also wins over a real Horovod,
 and says so.
+
+Besides the API, the helper modules that code written for Horovod imports
+(``horovod.tensorflow.util``, ``horovod.common.util``, ``horovod.runner.util.threads``)
+map to elastic_hvd's stand-ins, which hold their cheap, harmless names; asking one
+(or a package above it) for any other name raises an AttributeError naming it as a
+Horovod internal that elastic_hvd does not provide (:func:`not_provided`).  Every
+aliased package is an elastic_hvd package of the same shape, because importing
+``horovod.a.b`` sets ``b`` on whatever ``horovod.a`` is.
 """
 
 import importlib
@@ -25,7 +33,22 @@ ALIASES = {
     "horovod.keras": "elastic_hvd.keras",
     "horovod.keras.callbacks": "elastic_hvd.keras.callbacks",
     "horovod.keras.elastic": "elastic_hvd.keras.elastic",
+    "horovod.tensorflow.util": "elastic_hvd.tensorflow.util",
+    "horovod.common": "elastic_hvd.common",
+    "horovod.common.util": "elastic_hvd.common.util",
+    "horovod.runner": "elastic_hvd.runner",
+    "horovod.runner.util": "elastic_hvd.runner.util",
+    "horovod.runner.util.threads": "elastic_hvd.runner.util.threads",
 }
+
+
+def not_provided(horovod_module):
+    """A module ``__getattr__`` for the stand-in of ``horovod_module``: a name it
+    lacks raises an AttributeError that names the Horovod internal."""
+    def __getattr__(name):
+        raise AttributeError(f"{horovod_module}.{name} is a part of Horovod that elastic_hvd "
+                             f"does not provide")
+    return __getattr__
 
 
 class _AliasFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):

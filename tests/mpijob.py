@@ -1,4 +1,4 @@
-"""Run a real multi-rank job for a test: hard timeout, nothing left behind.
+"""Run a real multi-rank job, or one process, for a test: hard timeout, nothing left behind.
 
 Every job runs in its own session; on timeout (or when the test is done) the whole
 session and every descendant is killed, so a hang fails the test instead of
@@ -122,7 +122,6 @@ def run_job(worker, *args, np=4, timeout=120, faults=None, launcher=(), env=None
     with ``-H`` or, with ``hostfile``, in an Open MPI hostfile."""
     out_dir = Path(tmp_path) / "out"
     out_dir.mkdir(parents=True, exist_ok=True)
-    marker = uuid.uuid4().hex
     cmd = [sys.executable, "-m", "elastic_hvd.runner.launch", "-np", str(np), *launcher]
     if hosts:
         where = ["-H", hosts]
@@ -141,10 +140,28 @@ def run_job(worker, *args, np=4, timeout=120, faults=None, launcher=(), env=None
     for name, value in env.items():
         cmd += ["-x", f"{name}={value}"]
     cmd += ["python", str(WORKERS / worker), *map(str, args)]
+    return _run(cmd, {}, out_dir, timeout, expect_rc, watcher)
+
+
+def run_process(worker, *args, tmp_path, timeout=120, expect_rc=0):
+    """Run ``tests/workers/<worker>`` as one plain process, without mpirun: its
+    ``init()`` makes a one-rank MPI job of it (a singleton)."""
+    out_dir = Path(tmp_path) / "out"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    env = {"TEST_OUT_DIR": str(out_dir)}
+    cmd = [sys.executable, str(WORKERS / worker), *map(str, args)]
+    return _run(cmd, env, out_dir, timeout, expect_rc, None)
+
+
+def _run(cmd, env, out_dir, timeout, expect_rc, watcher):
+    """Run ``cmd`` (with ``env`` added to ours) in its own session, killed with every
+    descendant and every process marked as the job's when done or after ``timeout``
+    seconds; the JSON its ranks wrote to ``out_dir`` read back."""
     started = time.monotonic()
+    marker = uuid.uuid4().hex
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True, cwd=ROOT,
-                            env={**os.environ, JOB_MARKER: marker})
+                            env={**os.environ, **env, JOB_MARKER: marker})
     if watcher is not None:
         threading.Thread(target=watcher, args=(out_dir, marker), daemon=True).start()
     # Read until EOF in a thread, but wait for the launcher itself: a frozen process

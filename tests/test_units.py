@@ -366,24 +366,32 @@ def test_reduce_input_widens_float16_prescales_and_never_writes_the_input():
         collectives._reduce_input(np.array([True]), 1.0)
 
 
-def test_finish_reduce_averages_postscales_and_casts_back():
+def test_scale_rounds_dtype_by_dtype_as_horovods_scale_buffer():
+    scale = collectives._scale
+    # Integers: a float64 product, truncated toward zero (not floored).
+    got = scale(np.array([7, -7, -3], dtype=np.int32), 0.5, np.dtype(np.int32))
+    assert got.dtype == np.int32 and got.tolist() == [3, -3, -1]
+    # float16 (held in float32): a sum of 1 + 1/2048 is rounded to float16 (1.0) before
+    # it is scaled in float32, and the product is rounded to float16.
+    x = np.float32(1 + 1 / 2048)
+    got = scale(np.array([x]), 1 / 3, np.dtype(np.float16))
+    assert got.dtype == np.float32 and got[0] == np.float16(np.float16(1) * np.float32(1 / 3))
+    # float32 and float64: their own precision, the factor rounded to it.
+    assert scale(np.array([3.0], np.float32), 0.1, np.dtype(np.float32))[0] \
+        == np.float32(3) * np.float32(0.1)
+    assert scale(np.array([3.0]), 0.1, np.dtype(np.float64))[0] == 3.0 * 0.1
+
+
+def test_finish_reduce_scales_and_casts_back_but_leaves_a_factor_of_one():
     finish = collectives._finish_reduce
-    got = finish(np.array([2.0, 5.0], dtype=np.float32), np.dtype(np.float16), 2, 1.0)
+    got = finish(np.array([2.0, 5.0], dtype=np.float32), np.dtype(np.float16), 0.5)
     assert got.dtype == np.float16 and got.tolist() == [1.0, 2.5]
-    got = finish(np.array([2.0, 5.0]), np.dtype(np.float64), 2, 3.0)
-    assert got.tolist() == [3.0, 7.5]
-    # Already scaled piece by piece: left as it is.
-    assert finish(np.array([2.0, 5.0]), np.dtype(np.float64), 2, 3.0, scaled=True).tolist() \
-        == [2.0, 5.0]
-
-
-def test_finish_reduce_floors_integer_averages():
-    finish = collectives._finish_reduce
-    assert finish(np.array([7, -7], dtype=np.int64), np.dtype(np.int64), 2, 1.0).tolist() \
-        == [3, -4]
-    # Postscale first (floored), then the division: floor(5 * 1.5) // 2.
-    got = finish(np.array([5], dtype=np.int32), np.dtype(np.int32), 2, 1.5)
-    assert got.dtype == np.int32 and got.tolist() == [3]
+    assert finish(np.array([2.0, 5.0]), np.dtype(np.float64), 1.5).tolist() == [3.0, 7.5]
+    # An integer average (factor 1/2) truncates toward zero, as Horovod's does.
+    assert finish(np.array([7, -7], dtype=np.int64), np.dtype(np.int64), 0.5).tolist() \
+        == [3, -3]
+    big = np.array([2**62 + 1], dtype=np.int64)  # not rounded through float64 when Sum
+    assert finish(big, np.dtype(np.int64), 1.0).tolist() == big.tolist()
 
 
 class _TwoRanksAllreduce:

@@ -14,7 +14,8 @@ import numpy as np
 from . import config
 from .ops import ReduceOp, check_op, mpi_ops
 
-# Dtypes MPI reduces natively; float16 is reduced in float32 and cast back.
+# Dtypes MPI reduces natively; float16 is reduced in float32 and rounded back once
+# (Horovod's float16 sum rounds after every addition: the same result on two ranks).
 _REDUCIBLE = {np.dtype(t) for t in (
     np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32, np.int64, np.uint64,
     np.float32, np.float64)}
@@ -30,7 +31,7 @@ def _as_bytes(array):
 
 
 def _reduce_input(x, prescale_factor):
-    """What a rank contributes to a reduction: float16 widened, prescaled."""
+    """What a rank contributes to a reduction: float16 widened, prescaled (see :func:`_scale`)."""
     if x.dtype in _REDUCIBLE:
         work = x.dtype
     elif x.dtype == np.float16:
@@ -38,24 +39,30 @@ def _reduce_input(x, prescale_factor):
     else:
         raise TypeError(f"cannot reduce arrays of dtype {x.dtype}")
     send = x if work == x.dtype else x.astype(work)
-    if prescale_factor != 1.0:
-        send = (send * prescale_factor).astype(work, copy=False)
-    return send
+    return send if prescale_factor == 1.0 else _scale(send, prescale_factor, x.dtype)
 
 
-def _finish_reduce(out, dtype, divisor, postscale_factor, scaled=False):
-    """Average (divide by the live size) and postscale, then cast back to ``dtype``.
+def _scale(values, factor, dtype):
+    """``values`` (an array of ``dtype``, float16 held in float32) times ``factor``, as
+    Horovod's ``ScaleBuffer`` computes it for ``dtype`` (horovod/common/ops/
+    collective_operations.cc), so that scaled results match Horovod's to the bit:
+    integers in float64, truncated toward zero on the way back; float16 in float32
+    from its float16 value, rounded to float16; float32 and float64 in their own
+    precision, the factor rounded to it.  A new array: ``values`` may be an input."""
+    if values.dtype.kind in "iu":
+        return (values * float(factor)).astype(values.dtype)
+    if dtype == np.float16:
+        halves = values.astype(np.float16).astype(np.float32)
+        return (halves * np.float32(factor)).astype(np.float16).astype(np.float32)
+    return values * values.dtype.type(factor)
 
-    Integer results are floored, as integer division does.  ``scaled``: a float
-    result was already scaled piece by piece (see :func:`_allreduce_pieces`).
-    """
-    if out.dtype.kind in "iu":
-        if postscale_factor != 1.0:
-            out = np.floor(out * postscale_factor).astype(out.dtype)
-        if divisor != 1:
-            out //= divisor
-    elif not scaled and postscale_factor / divisor != 1.0:
-        out *= out.dtype.type(postscale_factor / divisor)
+
+def _finish_reduce(out, dtype, factor):
+    """The reduced ``out`` times ``factor`` -- the postscale factor, divided by the live
+    size for Average, as Horovod averages -- cast back to ``dtype``.  A factor of 1
+    leaves the sum as it is (an integer Sum is never rounded through float64)."""
+    if factor != 1.0:
+        out = _scale(out, factor, dtype)
     return out.astype(dtype, copy=False)
 
 
@@ -68,8 +75,8 @@ def _allreduce_pieces(comm, send, target, mpi_op, scale, piece_bytes):
     1 MiB pieces stay in cache and reuse one temporary (64 MiB float32, 2 ranks,
     Open MPI 5.0.11 on 2 cores: one call 31 ms, 1 MiB pieces 9.6 ms).
 
-    ``scale`` (a float, or None for integers) multiplies each reduced piece while
-    it is still in cache, which saves a second pass over a large result.
+    ``scale`` (a scalar of ``target``'s dtype, or None) multiplies each reduced piece
+    while it is still in cache, which saves a second pass over a large result.
     """
     step = max(1, piece_bytes // send.itemsize) if piece_bytes > 0 else send.size
     if step >= send.size:  # one piece: the common small call, without slicing
@@ -106,7 +113,8 @@ class CollectivesMixin:
         """Reduce ``array`` over all live ranks; Average divides by the live size.
 
         ``out`` (optional, not aliasing ``array``) receives the result and saves an
-        allocation per call.  Integer averages are floored.
+        allocation per call.  Scaling and averaging round as Horovod's do (see
+        :func:`_scale`): an integer average is truncated toward zero.
         """
         x = _contiguous(array)
         pieces = config.current().allreduce_piece_bytes
@@ -121,15 +129,16 @@ class CollectivesMixin:
                 raise ValueError(f"out has shape {out.shape} and dtype {out.dtype}; "
                                  f"expected {x.shape} and {x.dtype}")
             target = out if out is not None and send.dtype == out.dtype else np.empty_like(send)
-            divisor = comm.size if op == ReduceOp.AVERAGE else 1
-            scale = None if target.dtype.kind in "iu" or postscale_factor / divisor == 1.0 \
-                else target.dtype.type(postscale_factor / divisor)
-            _allreduce_pieces(comm, send, target, mpi_op, scale, pieces)
-            return target, comm.size
+            factor = postscale_factor / (comm.size if op == ReduceOp.AVERAGE else 1)
+            # float32/float64 are scaled piece by piece while in cache; the others need
+            # their own rounding (_scale), done once the sum is complete.
+            in_pieces = factor != 1.0 and target.dtype == x.dtype and x.dtype.kind == "f"
+            _allreduce_pieces(comm, send, target, mpi_op,
+                              target.dtype.type(factor) if in_pieces else None, pieces)
+            return target, 1.0 if in_pieces else factor
 
-        result, size = self.run(signature, attempt)
-        result = _finish_reduce(result, x.dtype, size if op == ReduceOp.AVERAGE else 1,
-                                postscale_factor, scaled=True)
+        result, factor = self.run(signature, attempt)
+        result = _finish_reduce(result, x.dtype, factor)
         if out is not None and result is not out:
             out[...] = result
             return out
@@ -229,8 +238,8 @@ class CollectivesMixin:
             return result, comm.size
 
         result, size = self.run(signature, attempt)
-        return _finish_reduce(result, x.dtype, size if op == ReduceOp.AVERAGE else 1,
-                              postscale_factor)
+        return _finish_reduce(result, x.dtype,
+                              postscale_factor / (size if op == ReduceOp.AVERAGE else 1))
 
     def barrier(self):
         self.run(("barrier",), lambda comm: comm.Barrier())

@@ -391,16 +391,17 @@ class ResilientComm(CollectivesMixin, GrowthMixin):
 
     def _raise_application_error(self, error):
         self._repair(time.perf_counter())  # the failing rank revoked the communicator
-        text = None if error is None else f"{type(error).__name__}: {error}"
-        messages = self.run(None, lambda c: c.allgather(text))
+        report = None if error is None else (f"{type(error).__name__}: {error}",
+                                             [c.__name__ for c in type(error).__mro__])
+        reports = self.run(None, lambda c: c.allgather(report))
         if error is not None:
             raise error
-        failed = [(r, m) for r, m in enumerate(messages) if m is not None]
+        failed = [(r, m) for r, m in enumerate(reports) if m is not None]
         if not failed:  # the rank that had the error died before it could say which
             raise RemoteCollectiveError("the collective failed on a rank that was lost "
                                         "before it could report the error")
-        raise RemoteCollectiveError(f"the collective failed on rank {failed[0][0]}: "
-                                    f"{failed[0][1]}")
+        rank, (text, types) = failed[0]
+        raise RemoteCollectiveError(f"the collective failed on rank {rank}: {text}", types)
 
 
 class LeftEarly(Exception):

@@ -43,7 +43,17 @@ class MismatchError(ElasticHvdError, ValueError):
 
 
 class RemoteCollectiveError(ElasticHvdError):
-    """A collective failed because of an error raised on another rank."""
+    """A collective failed because of an error raised on another rank.
+
+    ``error_types``: the names of that error's class and of its bases (empty if the
+    rank was lost before it could say), so that a framework layer can tell which
+    kind of error it was -- elastic_hvd.tensorflow raises a bad argument there as
+    TensorFlow's InvalidArgumentError on every rank, as Horovod does.
+    """
+
+    def __init__(self, message, error_types=()):
+        super().__init__(message)
+        self.error_types = tuple(error_types)
 
 
 class FaultInjected(ElasticHvdError):

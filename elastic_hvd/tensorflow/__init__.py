@@ -20,10 +20,12 @@ from .gradients import (DistributedGradientTape, DistributedOptimizer,  # noqa: 
 from .ops import (Adasum, Average, Max, Min, Product, ProcessSet, Sum,  # noqa: F401
                   add_process_set, global_process_set, local_rank_op, local_size_op,
                   process_set_included_op, rank_op, remove_process_set, size_op)
+from ..common.util import gpu_available, split_list  # noqa: F401
+from ..common.util import num_rank_is_power_2 as check_num_rank_power_of_2  # noqa: F401
 from .timeline import start_timeline, stop_timeline  # noqa: F401
-from .util import (check_num_rank_power_of_2, gpu_available,  # noqa: F401
-                   handle_average_backwards_compatibility, refs_to_vars, split_list,
-                   vars_to_refs)
+from . import util  # noqa: F401 (Horovod's hvd.util)
+from .util import (_executing_eagerly, handle_average_backwards_compatibility,  # noqa: F401
+                   refs_to_vars, vars_to_refs)
 
 #: Raised by Horovod when a collective fails; here failures are survived, and the
 #: one that ends training (too few ranks left) is raised on every rank.
@@ -43,10 +45,8 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="",
     op = _ops._resolve_op(op, average)
     tensor = _tensor(tensor)
     if isinstance(tensor, tf.IndexedSlices):
-        if op not in (Average, Sum):
-            raise NotImplementedError("IndexedSlices can be allreduced with Average or Sum only")
-        from .gradients import sparse_allreduce
-        return sparse_allreduce(tensor, op)
+        [reduced] = _allreduce_slices([tensor], op, prescale_factor, postscale_factor)
+        return reduced
     compressed, ctx = compression.compress(tf.convert_to_tensor(tensor))
     [reduced] = _ops._grouped_allreduce([compressed], op, prescale_factor, postscale_factor,
                                         name or "HorovodAllreduce")
@@ -57,13 +57,40 @@ def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="",
                       compression=Compression.none, op=None, prescale_factor=1.0,
                       postscale_factor=1.0, process_set=global_process_set,
                       ignore_name_scope=False, name=None):
-    """Allreduce a list of tensors in as few fused collectives as possible."""
+    """Allreduce a list of tensors in as few fused collectives as possible
+    (``IndexedSlices`` among them gathered, as :func:`allreduce` does)."""
     _ops._check_process_set(process_set)
     op = _ops._resolve_op(op, average)
-    pairs = [compression.compress(tf.convert_to_tensor(t)) for t in tensors]
+    tensors = [_tensor(t) for t in tensors]
+    results = [None] * len(tensors)
+    sparse = [i for i, t in enumerate(tensors) if isinstance(t, tf.IndexedSlices)]
+    if sparse:
+        reduced = _allreduce_slices([tensors[i] for i in sparse], op, prescale_factor,
+                                    postscale_factor)
+        for i, r in zip(sparse, reduced):
+            results[i] = r
+    dense = [i for i in range(len(tensors)) if results[i] is None]
+    pairs = [compression.compress(tf.convert_to_tensor(tensors[i])) for i in dense]
     reduced = _ops._grouped_allreduce([p[0] for p in pairs], op, prescale_factor,
                                       postscale_factor, name or "HorovodGroupedAllreduce")
-    return [compression.decompress(r, p[1]) for r, p in zip(reduced, pairs)]
+    for i, r, p in zip(dense, reduced, pairs):
+        results[i] = compression.decompress(r, p[1])
+    return results
+
+
+def _allreduce_slices(slices, op, prescale_factor, postscale_factor):
+    """``IndexedSlices`` reduced as Horovod reduces them: every rank's values and
+    indices gathered, in one op (Average divides the values by the live size);
+    ``dense_shape`` kept as it is, even None.  Like Horovod, only Average and Sum,
+    and no scale factors."""
+    if op not in (Average, Sum):
+        raise NotImplementedError("Only Sum and Average ops are supported with tf.IndexedSlices")
+    if prescale_factor != 1.0 or postscale_factor != 1.0:
+        raise NotImplementedError("Pre/postscale_factor are not supported with tf.IndexedSlices")
+    _, gathered = _ops.reduce_together([], [(s.values, s.indices) for s in slices], op,
+                                       name="HorovodAllgatherSlices")
+    return [tf.IndexedSlices(values, indices, dense_shape=s.dense_shape)
+            for (values, indices), s in zip(gathered, slices)]
 
 
 def allgather(tensor, name=None, ignore_name_scope=False, process_set=global_process_set):
@@ -130,7 +157,8 @@ def broadcast_object(obj, root_rank=0, session=None, name=None, process_set=glob
     """Any picklable ``obj`` of ``root_rank`` on every rank (lowest survivor's if the
     root died); ``session`` and ``name`` are ignored."""
     _ops._check_process_set(process_set)
-    return runtime.current("broadcast_object").broadcast_object(obj, root_rank)
+    return _ops.raised_as_tensorflow(runtime.current("broadcast_object").broadcast_object, obj,
+                                     root_rank)
 
 
 def broadcast_object_fn(root_rank=0, session=None, name=None, process_set=global_process_set):
@@ -141,7 +169,7 @@ def broadcast_object_fn(root_rank=0, session=None, name=None, process_set=global
 def allgather_object(obj, session=None, name=None, process_set=global_process_set):
     """List of every live rank's picklable ``obj``, in rank order."""
     _ops._check_process_set(process_set)
-    return runtime.current("allgather_object").allgather_object(obj)
+    return _ops.raised_as_tensorflow(runtime.current("allgather_object").allgather_object, obj)
 
 
 def alltoall(tensor, splits=None, name=None, ignore_name_scope=False,
@@ -180,16 +208,18 @@ def grouped_reducescatter(tensors, device_dense="", compression=Compression.none
     op = _ops._resolve_op(op, None)
     if op not in (Average, Sum):
         raise NotImplementedError("reducescatter supports Average and Sum")
+    if not tensors:
+        return []
     pairs = [compression.compress(tf.convert_to_tensor(t)) for t in tensors]
-    outs = _ops.reducescatter_raw([p[0] for p in pairs], op, prescale_factor, postscale_factor,
-                                  name or "HorovodReducescatter")
+    outs = _ops._grouped_reducescatter([p[0] for p in pairs], op, prescale_factor,
+                                       postscale_factor, name or "HorovodReducescatter")
     return [compression.decompress(o, p[1]) for o, p in zip(outs, pairs)]
 
 
 def barrier(process_set=global_process_set):
     """Wait until every live rank reaches it (a rank lost meanwhile is not waited for)."""
     _ops._check_process_set(process_set)
-    runtime.current("barrier").barrier()
+    _ops.raised_as_tensorflow(runtime.current("barrier").barrier)
 
 
 def join(device=""):
@@ -200,7 +230,7 @@ def join(device=""):
     """
     import time
     comm = runtime.current("join")
-    stamps = comm.allgather_object(time.time())
+    stamps = _ops.raised_as_tensorflow(comm.allgather_object, time.time())
     return tf.constant(int(np.argmax(stamps)), dtype=tf.int32)
 
 

@@ -88,13 +88,6 @@ class GradientReducer:
         return [indices] if indices else []
 
 
-def sparse_allreduce(slices, op):
-    """IndexedSlices: gather every rank's values and indices (Average divides values)."""
-    _, [(values, indices)] = ops.reduce_together([], [(slices.values, slices.indices)], op,
-                                                 name="HorovodAllgatherSlices")
-    return tf.IndexedSlices(values, indices, dense_shape=slices.dense_shape)
-
-
 _REDUCER_KWARGS = ("compression", "sparse_as_dense", "op", "gradient_predivide_factor",
                    "num_groups", "groups", "process_set", "scale_local_gradients")
 
@@ -154,13 +147,45 @@ def _update(optimizer, grads, variables, apply):
     return optimizer._hvd_accumulator(grads, variables, reduce_and_apply)
 
 
+def _agg_helper(self):
+    """Horovod's local gradient aggregation helper: None without
+    ``backward_passes_per_step`` > 1, as in Horovod; the helper itself is not
+    provided (here LocalAccumulator does its work, with another interface)."""
+    if self._hvd_accumulator is None:
+        return None
+    raise AttributeError(
+        "DistributedOptimizer._agg_helper, Horovod's LocalGradientAggregationHelper, is a part "
+        "of Horovod that elastic_hvd does not provide (backward_passes_per_step accumulates in "
+        "elastic_hvd.tensorflow.gradients.LocalAccumulator)")
+
+
+def _compute_gradients(self, loss, var_list, grad_loss=None, tape=None):
+    """Not provided: Horovod's Keras DistributedOptimizer returns averaged gradients
+    here, elastic_hvd averages them in ``apply_gradients()``/``apply()`` (the step
+    transaction), so gradients from here would be averaged twice."""
+    raise NotImplementedError(
+        "DistributedOptimizer._compute_gradients, Horovod's internal that returns allreduced "
+        "gradients, is a part of Horovod that elastic_hvd does not provide: elastic_hvd "
+        "averages gradients in apply_gradients()/apply(). Compute them with a tf.GradientTape "
+        "(hvd.DistributedGradientTape to see them averaged) or call minimize()")
+
+
 def _distributed_class(base):
     """A subclass of ``base`` (same name, module and config) that averages gradients."""
     cache = _distributed_class.cache
     if base in cache:
         return cache[base]
     body = {"_hvd_distributed": True, "_hvd_accumulator": None,
-            "register_local_var": lambda self, var: self._hvd_reducer.register_local_var(var)}
+            "register_local_var": lambda self, var: self._hvd_reducer.register_local_var(var),
+            "_agg_helper": property(_agg_helper)}
+    if not issubclass(base, tf.compat.v1.train.Optimizer):  # Keras, as Horovod's wrapper
+        body["_compute_gradients"] = _compute_gradients
+        if hasattr(base, "_compute_gradients"):  # tf_keras' legacy ones minimize() with it
+            def minimize(self, loss, var_list, grad_loss=None, name=None, tape=None):
+                pairs = base._compute_gradients(self, loss, var_list=var_list,
+                                                grad_loss=grad_loss, tape=tape)
+                return self.apply_gradients(pairs, name=name)
+            body["minimize"] = minimize
     if hasattr(base, "stateless_apply"):  # Keras 3: model.fit calls apply()
         def apply(self, grads, trainable_variables=None):
             variables = list(self._trainable_variables if trainable_variables is None

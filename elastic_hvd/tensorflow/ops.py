@@ -9,6 +9,7 @@ when it runs, never traced into the graph: a compiled step keeps averaging over
 the survivors after a loss.
 """
 
+import sys
 import time
 
 import numpy as np
@@ -17,6 +18,7 @@ import tensorflow as tf
 from ..core import ElasticHvdError, ReduceOp, config, runtime
 from ..core.collectives import even_splits
 from . import timeline
+from .errors import for_tensorflow
 
 Average, Sum, Adasum, Min, Max, Product = (
     ReduceOp.AVERAGE, ReduceOp.SUM, ReduceOp.ADASUM, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT)
@@ -94,6 +96,17 @@ def _to_tensor(array, dtype):
     return tf.convert_to_tensor(array, dtype=dtype)
 
 
+def raised_as_tensorflow(fn, *args):
+    """``fn(*args)``; a collective's error raised as Horovod's TF op raises it (see
+    :mod:`.errors`), without our frames: TF logs an op's error with its traceback on
+    every rank, ours are complete sentences, and our frames would bury them (~60
+    lines a rank)."""
+    try:
+        return fn(*args)
+    except (ElasticHvdError, ValueError) as exc:
+        raise for_tensorflow(exc).with_traceback(None) from None
+
+
 def _numpy_op(name, fn, inputs, tout):
     """Run ``fn`` (numpy in, numpy out) as a stateful op, traced in the timeline."""
     def call(*arrays):
@@ -101,23 +114,51 @@ def _numpy_op(name, fn, inputs, tout):
         outer, comm.label = comm.label, name
         started = time.perf_counter()
         try:
-            return fn(*arrays)
-        except ElasticHvdError as exc:
-            # TF logs an op's error with its traceback on every rank; ours are
-            # complete sentences, and our frames would bury them (~60 lines a rank).
-            raise exc.with_traceback(None) from None
+            return raised_as_tensorflow(fn, *arrays)
         finally:
             comm.label = outer
             timeline.record(name, started, time.perf_counter())
+    many = isinstance(tout, (list, tuple))
     if tf.executing_eagerly():  # no graph to order: skip py_func's machinery (~0.2 ms a call)
         result = call(*[np.asarray(t) for t in inputs])  # zero-copy, read-only views
-        if isinstance(tout, (list, tuple)):
+        if many:
             return [_to_tensor(r, d) for r, d in zip(result, tout)]
         return _to_tensor(result, tout)
-    outputs = tf.numpy_function(call, inputs, tout, stateful=True, name=name)
-    if isinstance(tout, (list, tuple)) and not isinstance(outputs, (list, tuple)):
-        outputs = [outputs]  # a one-element Tout comes back as a bare tensor
-    return outputs
+    touts = list(tout) if many else [tout]
+
+    def call_in_graph(*arrays):
+        # A mismatch comes back as the last output; its error is raised by the graph.
+        try:
+            result = call(*arrays)
+        except tf.errors.FailedPreconditionError as exc:
+            print(f"elastic_hvd: {type(exc).__name__} in {name}: {exc}", file=sys.stderr,
+                  flush=True)
+            return [np.zeros(0, t.as_numpy_dtype) for t in touts] + [np.bool_(True)]
+        return (list(result) if many else [result]) + [np.bool_(False)]
+
+    *outputs, failed = tf.numpy_function(call_in_graph, inputs, touts + [tf.bool],
+                                         stateful=True, name=name)
+    outputs = _fail_precondition(failed, outputs, name)
+    return outputs if many else outputs[0]
+
+
+def _fail_precondition(failed, outputs, name):
+    """``outputs``, or ``tf.errors.FailedPreconditionError`` when ``failed``, as
+    Horovod's op fails on a mismatch.  An exception in a py_func reaches the caller
+    as a new error typed by a fixed table in TF's py_func.cc that has no
+    FailedPrecondition, and no stock op fails with a given code and message; reading
+    a variable that does not exist fails with that code, its name standing for the
+    message (the rank's MismatchError is on its stderr)."""
+    def fail():
+        handle = tf.raw_ops.VarHandleOp(
+            dtype=tf.bool, shape=[], container="elastic_hvd",
+            shared_name=f"MismatchError: the ranks called {name} differently (each rank's "
+                        "call is on its stderr)")
+        return tf.raw_ops.ReadVariableOp(resource=handle, dtype=tf.bool)
+
+    ok = tf.cond(failed, fail, lambda: tf.constant(True))
+    with tf.control_dependencies([ok]):
+        return [tf.identity(o) for o in outputs]
 
 
 try:  # whether a GradientTape could record right now (internal, but stable since TF 2.4)
@@ -140,6 +181,13 @@ def _cast_in(tensor):
     """bfloat16 has no numpy reduction: reduce it in float32."""
     wide = _WIDEN.get(tensor.dtype)
     return (tf.cast(tensor, wide), tensor.dtype) if wide else (tensor, None)
+
+
+def _attribute(factor):
+    """A scale factor as Horovod's TF ops receive it: their ``prescale_factor`` and
+    ``postscale_factor`` attributes are float32 (horovod/tensorflow/mpi_ops.cc), so
+    even a float64 tensor is scaled by the factor rounded to float32."""
+    return float(np.float32(factor))
 
 
 def _fusion_threshold():
@@ -222,6 +270,7 @@ def reduce_together(groups, sparse, op, prescale_factor=1.0, postscale_factor=1.
     if not inputs:
         return [[] for _ in groups], []
     sizes = [len(group) for group in groups]
+    prescale_factor, postscale_factor = _attribute(prescale_factor), _attribute(postscale_factor)
 
     def fn(*arrays):
         dense_in, sparse_in = arrays[:len(dense)], arrays[len(dense):]
@@ -265,6 +314,7 @@ def reduce_together(groups, sparse, op, prescale_factor=1.0, postscale_factor=1.
 def _grouped_allreduce_raw(tensors, op, prescale_factor, postscale_factor, name):
     cast = [_cast_in(t) for t in tensors]
     inputs = [c[0] for c in cast]
+    prescale_factor, postscale_factor = _attribute(prescale_factor), _attribute(postscale_factor)
 
     def fn(*arrays):
         return fused_allreduce(list(arrays), op, prescale_factor, postscale_factor)
@@ -318,10 +368,11 @@ def _allgather(tensor, name=None):
         y, start = _allgather_raw(x, name)
 
         def grad(dy):
-            # Sum the gradients of every rank, then keep the rows this rank gave -- where
-            # they were in the forward gather, even if ranks were lost since.
-            summed = _grouped_allreduce_raw([dy], Sum, 1.0, 1.0, name + "_grad")[0]
-            return summed[start:start + tf.shape(x, out_type=tf.int64)[0]]
+            # Average the gradients of every rank (Horovod's _allgather_grad), then keep
+            # the rows this rank gave -- where they were in the forward gather, even if
+            # ranks were lost since.
+            averaged = _grouped_allreduce_raw([dy], Average, 1.0, 1.0, name + "_grad")[0]
+            return averaged[start:start + tf.shape(x, out_type=tf.int64)[0]]
         return y, grad
 
     return gather(tensor)
@@ -342,10 +393,11 @@ def _broadcast(tensor, root_rank, name=None):
         y.set_shape(x.shape)
 
         def grad(dy):
-            # The root of the forward pass gets the sum: the same process even if
-            # ranks were lost (and renumbered) since.
-            summed = _grouped_allreduce_raw([dy], Sum, 1.0, 1.0, name + "_grad")[0]
-            return tf.where(was_root, summed, tf.zeros_like(summed))
+            # The root of the forward pass gets the average (Horovod's _broadcast_grad),
+            # the others zeros: the same process even if ranks were lost (and
+            # renumbered) since.
+            averaged = _grouped_allreduce_raw([dy], Average, 1.0, 1.0, name + "_grad")[0]
+            return tf.where(was_root, averaged, tf.zeros_like(averaged))
         return y, grad
 
     return bcast(tensor)
@@ -394,16 +446,59 @@ def alltoall_raw(tensor, splits, name):
     return out, rsplits
 
 
-def reducescatter_raw(tensors, op, prescale_factor, postscale_factor, name):
+def _reducescatter_raw(tensors, op, prescale_factor, postscale_factor, name):
     def fn(*arrays):
         comm = _comm()
         return [comm.reducescatter(a, op=op, prescale_factor=prescale_factor,
                                    postscale_factor=postscale_factor) for a in arrays]
 
-    outs = _numpy_op(name, fn, list(tensors), [t.dtype for t in tensors])
+    outs = _numpy_op(name, fn, tensors, [t.dtype for t in tensors])
     for out, t in zip(outs, tensors):
         out.set_shape(tf.TensorShape([None]).concatenate(t.shape[1:]))
-    return list(outs)
+    return outs
+
+
+def _reducescatter_grad(dys, op, prescale_factor, postscale_factor, name):
+    """Horovod's gradient of a (grouped) reducescatter (``_reducescatter_grad`` in
+    horovod/tensorflow/mpi_ops.py): every rank's output gradients gathered, times the
+    size for Sum and times the pre- and postscale factors, one multiplication each,
+    in the gradient's dtype.  The size is the one the gathers ran with."""
+    def fn(*arrays):
+        comm = _comm()
+
+        def attempt():
+            gathered = [comm.allgather(a) for a in arrays]
+            factors = ([comm.size] if op == Sum else []) + \
+                [f for f in (prescale_factor, postscale_factor) if f != 1.0]
+            for g in gathered:
+                for factor in factors:
+                    g *= g.dtype.type(factor)
+            return gathered
+
+        return comm.consistent(attempt)
+
+    return _numpy_op(name, fn, dys, [dy.dtype for dy in dys])
+
+
+def _grouped_reducescatter(tensors, op, prescale_factor, postscale_factor, name):
+    """Differentiable (grouped) reducescatter, gradients as Horovod's."""
+    prescale_factor, postscale_factor = _attribute(prescale_factor), _attribute(postscale_factor)
+    if not _differentiable():
+        return _reducescatter_raw(tensors, op, prescale_factor, postscale_factor, name)
+
+    @tf.custom_gradient
+    def scatter(*xs):
+        ys = _reducescatter_raw(list(xs), op, prescale_factor, postscale_factor, name)
+
+        def grad(*dys):
+            gathered = _reducescatter_grad(list(dys), op, prescale_factor, postscale_factor,
+                                           name + "_grad")
+            for g, x in zip(gathered, xs):
+                g.set_shape(x.shape)
+            return gathered
+        return ys, grad
+
+    return list(scatter(*tensors))
 
 
 def even_rows(rows, parts):

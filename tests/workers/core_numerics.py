@@ -24,7 +24,7 @@ def expected_reduce(arrays, op, dtype):
     result = {core.Sum: stacked.sum(0), core.Min: stacked.min(0), core.Max: stacked.max(0),
               core.Product: stacked.prod(0), core.Average: stacked.sum(0) / len(arrays)}[op]
     if np.issubdtype(dtype, np.integer) and op == core.Average:
-        result = np.floor(result)
+        result = np.trunc(result)  # as Horovod's integer averages
     return result
 
 

@@ -18,7 +18,7 @@ from .. import (Adasum, Average, SyncBatchNormalization, Compression, Max, Min, 
                 Sum, add_process_set, allgather_object, broadcast_object, global_process_set,
                 remove_process_set, start_timeline, stop_timeline)
 from ..gradients import distribute_in_place
-from ..util import is_version_greater_equal_than  # noqa: F401
+from ...common.util import is_version_greater_equal_than  # noqa: F401
 from ..data import ElasticData  # noqa: F401
 from . import callbacks, elastic  # noqa: F401
 from .elastic_fit import fit  # noqa: F401

@@ -12,7 +12,7 @@ from ...core import ReduceOp, runtime
 from .. import broadcast_variables
 from ..optimizer_state import (get_lr, momentum_correct, momentum_restore,
                                optimizer_variables, set_lr)
-from ..util import is_version_greater_equal_than  # noqa: F401 (Horovod's module has it)
+from ...common.util import is_version_greater_equal_than  # noqa: F401 (Horovod's module has it)
 
 keras = tf.keras
 

@@ -1,0 +1,331 @@
+"""Where a Horovod 0.28.1 program or test can tell elastic_hvd from Horovod (issue 13),
+held against what Horovod's sources do (named in each test).
+
+What shows on one rank runs in a plain process (``tests/workers/tf_parity.py
+one_rank``); mismatches and averaging over ranks in one 2-rank job
+(``two_ranks``); the Horovod internals that code reaches for need no MPI at all.
+"""
+
+import importlib
+import os
+import sys
+
+import numpy as np
+import pytest
+
+from mpijob import run_job, run_process
+
+MODES = ("eager", "function", "tf1")
+
+
+@pytest.fixture(scope="module")
+def one_rank(tmp_path_factory):
+    job = run_process("tf_parity.py", "one_rank", tmp_path=tmp_path_factory.mktemp("one"),
+                      timeout=300)
+    assert sorted(job.results) == [0], job.output[-3000:]
+    return job.results[0]
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    job = run_job("tf_parity.py", "two_ranks", np=2, tmp_path=tmp_path_factory.mktemp("two"),
+                  timeout=300, env={"ELASTIC_HVD_MISMATCH_TIMEOUT": "1"})
+    assert sorted(job.results) == [0, 1], job.output[-3000:]
+    return [job.results[0], job.results[1]]
+
+
+# -- 1. error classes ------------------------------------------------------------------
+
+
+@pytest.mark.multirank
+def test_mismatched_collectives_raise_failed_precondition_still_ours(two_ranks):
+    # Horovod's coordinator answers a mismatch with ErrorOp (PreconditionError in
+    # horovod/common/ops/collective_operations.cc), which horovod/tensorflow/mpi_ops.cc's
+    # ConvertStatus makes tf.errors.FailedPreconditionError.
+    for rank in two_ranks:
+        errors = rank["errors"]
+        for case in ("shape eager", "dtype eager", "root eager", "root broadcast_object"):
+            assert {"tf.FailedPreconditionError", "hvd.MismatchError"} <= set(errors[case]), case
+        for case in ("shape function", "shape tf1"):  # a new TF error: only TF's class
+            assert errors[case] == ["tf.FailedPreconditionError"], case
+        assert rank["after errors"] == [2.0, 2.0]  # and the job goes on
+
+
+@pytest.mark.multirank
+def test_uneven_alltoall_raises_invalid_argument_on_every_rank(two_ranks):
+    # EnqueueTensorAlltoall (horovod/common/operations.cc): "splits not provided, but
+    # first dimension of tensor is not an even multiple" is Status::InvalidArgument.
+    even, uneven = (rank["errors"] for rank in two_ranks)  # rank 0 has 2 rows, rank 1 has 3
+    assert even["alltoall eager"] == ["ValueError", "hvd.RemoteCollectiveError",
+                                      "tf.InvalidArgumentError"]
+    assert uneven["alltoall eager"] == ["ValueError", "tf.InvalidArgumentError"]
+    for errors in (even, uneven):
+        for mode in ("function", "tf1"):
+            assert errors[f"alltoall {mode}"] == ["tf.InvalidArgumentError"], mode
+
+
+# -- 2. gradients of allgather and broadcast ---------------------------------------------
+
+
+@pytest.mark.multirank
+def test_allgather_and_broadcast_gradients_are_averaged_over_ranks(two_ranks):
+    # horovod/tensorflow/mpi_ops.py: _allgather_grad and _broadcast_grad allreduce the
+    # gradient with op=Average.  Rank r's output gradient is r + 1: the average is 1.5.
+    for rank in two_ranks:
+        for mode in MODES:
+            assert rank["gradients"][f"allgather {mode}"] == [[1.5]], mode
+            assert rank["gradients"][f"broadcast {mode}"] == [1.5 if rank["rank"] == 0 else 0.0]
+
+
+# -- 3. scale factors, dtype by dtype ------------------------------------------------------
+
+
+def horovod_scale(values, dtype, factor):
+    """Horovod's ScaleBuffer on the CPU (ScaleBufferCPUImpl, horovod/common/ops/
+    collective_operations.h and .cc): ``factor * value``, the factor a double for
+    integers and float64 (an integer product converted back truncates toward zero),
+    a float for float32 and float16 (computed in float32, rounded to float16)."""
+    values = np.asarray(values, dtype)
+    if values.dtype.kind in "iu":
+        return (np.float64(factor) * values.astype(np.float64)).astype(dtype)
+    if values.dtype == np.float64:
+        return np.float64(factor) * values
+    return (np.float32(factor) * values.astype(np.float32)).astype(dtype)
+
+
+def horovod_reduce(inputs, dtype, op, pre, post):
+    """Horovod's allreduce (and reducescatter, before its split) with scale factors, on
+    the CPU: the factors are float32 op attributes (horovod/tensorflow/mpi_ops.cc),
+    Average is a Sum postscaled by 1/size (horovod/common/operations.cc), a factor
+    of 1 is not applied, and float16 sums round after every addition (its MPI op)."""
+    pre, post = float(np.float32(pre)), float(np.float32(post))
+    if op == "Average":
+        post /= len(inputs)
+    parts = [horovod_scale(x, dtype, pre) if pre != 1.0 else np.asarray(x, dtype)
+             for x in inputs]
+    total = parts[0]
+    for part in parts[1:]:
+        total = (total.astype(np.float32) + part.astype(np.float32)).astype(dtype) \
+            if dtype == "float16" else total + part
+    return horovod_scale(total, dtype, post) if post != 1.0 else total
+
+
+def exact(inputs, dtype, op, pre, post):
+    """What exact arithmetic gives, rounded once: what a rule of Horovod's changes."""
+    total = sum(np.asarray(x, np.float64) for x in inputs) * pre * post
+    total /= len(inputs) if op == "Average" else 1
+    return np.round(total).astype(dtype) if np.dtype(dtype).kind in "iu" else total.astype(dtype)
+
+
+def check_scaled(ranks):
+    """Every rank's scaled results equal Horovod's to the bit; returns the dtypes for
+    which Horovod's rounding made a difference somewhere."""
+    differs = set()
+    for k, record in enumerate(ranks[0]["scaled"]):
+        inputs = [rank["scaled"][k]["input"] for rank in ranks]
+        dtype, op, pre, post = (record[key] for key in ("dtype", "op", "pre", "post"))
+        want = horovod_reduce(inputs, dtype, op, pre, post)
+        if not np.array_equal(want, exact(inputs, dtype, op, pre, post)):
+            differs.add(dtype)
+        for rank in ranks:
+            got = np.asarray(rank["scaled"][k]["output"], dtype)
+            assert np.array_equal(got, want), (record["collective"], dtype, op, pre, post)
+    return differs
+
+
+def test_scale_factors_round_as_horovod_does_dtype_by_dtype(one_rank):
+    differs = check_scaled([one_rank])
+    # Integers truncate, float16 rounds twice, float64 takes a float32 factor: each
+    # dtype's rule shows in at least one result above.
+    assert differs >= {"int8", "int32", "int64", "float16", "float64"}, differs
+
+
+@pytest.mark.multirank
+def test_scale_factors_and_integer_averages_round_as_horovod_does_on_two_ranks(two_ranks):
+    assert check_scaled(two_ranks) >= {"int32", "float16", "float64"}
+
+
+# -- 4. IndexedSlices without dense_shape -------------------------------------------------
+
+
+def test_indexed_slices_without_dense_shape_are_gathered(one_rank):
+    # horovod/tensorflow/__init__.py: grouped_allreduce gathers the IndexedSlices among
+    # its tensors (values and indices) and keeps their dense_shape, None here.
+    slices = one_rank["slices"]
+    for case in ("Sum", "Average", "allreduce"):
+        assert slices[case]["values"] == [[1.0, 2.0], [3.0, 4.0]], case
+        assert slices[case]["indices"] == [3, 0] and slices[case]["dense_shape"] is None
+    assert slices["Sum"]["dense"] == slices["Average"]["dense"] == [1.0, 2.0]
+
+
+@pytest.mark.multirank
+def test_indexed_slices_among_dense_tensors_are_averaged_over_ranks(two_ranks):
+    for rank in two_ranks:
+        assert rank["slices"] == {"values": [[0.5, 1.0], [1.0, 1.0]], "indices": [0, 1],
+                                  "dense": [1.5]}
+
+
+# -- 5. alltoall splits as an int32 tensor ---------------------------------------------------
+
+
+def test_alltoall_takes_splits_as_an_int32_tensor(one_rank):
+    for dtype in ("uint8", "float32"):
+        for mode in MODES:
+            assert one_rank["alltoall"][f"{dtype} {mode}"] == [[1, 2, 3], [3]], (dtype, mode)
+
+
+# -- 6. reducescatter gradients ---------------------------------------------------------------
+
+
+def horovod_reducescatter_grad(output_grads, op, pre, post, times=1.0):
+    """horovod/tensorflow/mpi_ops.py's _reducescatter_grad: every rank's output gradient
+    gathered, times the size for Sum and the factors (float32 attributes) when not 1;
+    ``times``: the gradient's coefficient in the loss (2 for the group's second)."""
+    scale = (len(output_grads) if op == "Sum" else 1.0) * np.float32(pre) * np.float32(post)
+    return [[g * scale * times] for g in np.concatenate(output_grads)]
+
+
+def check_reducescatter_gradients(grads, size):
+    # Inputs of 4 rows: rank r's block has 4 / size rows, its output gradient is r + 1.
+    output_grads = [np.full(4 // size, r + 1.0) for r in range(size)]
+    for op in ("Sum", "Average"):
+        for pre, post in [(1.0, 1.0), (0.5, 3.0)]:
+            want = horovod_reducescatter_grad(output_grads, op, pre, post)
+            grouped = horovod_reducescatter_grad(output_grads, op, pre, post, times=3.0)
+            for mode in MODES:
+                assert grads[f"single {op} {pre} {post} {mode}"] == want, (op, pre, post, mode)
+                assert grads[f"grouped {op} {pre} {post} {mode}"] == grouped
+
+
+def test_reducescatter_gradients_exist_in_every_mode(one_rank):
+    # None before in graphs (tf.function, TF1 tf.gradients) and eagerly.
+    check_reducescatter_gradients(one_rank["reducescatter gradients"], 1)
+
+
+@pytest.mark.multirank
+def test_reducescatter_gradients_gather_and_scale_as_horovods(two_ranks):
+    for rank in two_ranks:
+        check_reducescatter_gradients(rank["reducescatter gradients"], 2)
+
+
+# -- 7. grouped_reducescatter with scale factors ------------------------------------------------
+
+
+def check_grouped_reducescatter(ranks, inputs):
+    size = len(ranks)
+    for key in (k for k in ranks[0]["grouped reducescatter"] if k != "inputs"):
+        op, pre, post = key.split()
+        for k in range(2):
+            whole = horovod_reduce([inputs[r][k] for r in range(size)], "float32", op,
+                                   float(pre), float(post))
+            bounds = np.cumsum([0] + [len(whole) // size + (r < len(whole) % size)
+                                      for r in range(size)])
+            for r, rank in enumerate(ranks):
+                got = np.asarray(rank["grouped reducescatter"][key][k], np.float32)
+                assert np.array_equal(got, whole[bounds[r]:bounds[r + 1]]), (key, k, r)
+
+
+def test_grouped_reducescatter_applies_scale_factors(one_rank):
+    check_grouped_reducescatter([one_rank], [[[[1.0, 2.0], [3.0, 4.0]], [[5.0], [7.0]]]])
+
+
+@pytest.mark.multirank
+def test_grouped_reducescatter_applies_scale_factors_on_two_ranks(two_ranks):
+    check_grouped_reducescatter(two_ranks, [rank["grouped reducescatter"]["inputs"]
+                                            for rank in two_ranks])
+
+
+# -- 8. scale factors on IndexedSlices ------------------------------------------------------------
+
+
+def test_scale_factors_or_other_ops_on_indexed_slices_raise_not_implemented(one_rank):
+    # horovod/tensorflow/__init__.py: "Pre/postscale_factor are not supported with
+    # tf.IndexedSlices", "Only Sum and Average ops are supported with tf.IndexedSlices".
+    assert set(map(tuple, one_rank["slices errors"].values())) == {("NotImplementedError",)}
+
+
+# -- 9. Horovod internals that code reaches for ----------------------------------------------------
+
+
+@pytest.fixture
+def tf_hvd():
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    tf = pytest.importorskip("tensorflow")
+    import elastic_hvd.tensorflow as hvd
+    return tf, hvd
+
+
+def test_executing_eagerly_and_util_as_horovod_has_them(tf_hvd):
+    # horovod/tensorflow/__init__.py imports _executing_eagerly from horovod/tensorflow/
+    # util.py; horovod/_keras and Keras callbacks written for Horovod call it.
+    tf, hvd = tf_hvd
+    assert hvd._executing_eagerly() is True
+    assert not tf.function(lambda: tf.constant(hvd._executing_eagerly()))().numpy()
+    assert hvd.util._executing_eagerly is hvd._executing_eagerly
+    assert hvd.util._make_subgraph(lambda: tf.constant(3))().numpy() == 3
+    with pytest.raises(AttributeError, match="horovod.tensorflow.util.nothing_such is a part "
+                                             "of Horovod that elastic_hvd does not provide"):
+        hvd.util.nothing_such  # noqa: B018
+
+
+def test_keras_wrapper_internals_are_horovods_or_name_themselves(tf_hvd):
+    # horovod/_keras/__init__.py: the wrapper's _agg_helper is None unless
+    # backward_passes_per_step > 1; its _compute_gradients returns allreduced gradients.
+    tf, hvd = tf_hvd
+    optimizer = hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.1))
+    assert optimizer._agg_helper is None
+    with pytest.raises(NotImplementedError, match="_compute_gradients, Horovod's internal"):
+        optimizer._compute_gradients(lambda: 0.0, [])
+    accumulating = hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.1),
+                                            backward_passes_per_step=2)
+    with pytest.raises(AttributeError, match="LocalGradientAggregationHelper"):
+        accumulating._agg_helper  # noqa: B018
+
+
+def test_tf_keras_legacy_optimizers_still_minimize(one_rank):
+    # minimize() takes its own _compute_gradients: one SGD step, 1 - 0.25 * 2.
+    assert one_rank["legacy minimize"] == 0.5
+
+
+@pytest.fixture
+def horovod_alias():
+    """``import horovod...`` resolves to elastic_hvd for the test, and no longer after."""
+    from elastic_hvd import horovod_alias
+    before = set(sys.modules)
+    horovod_alias.install(quiet=True)
+    yield
+    sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, horovod_alias._AliasFinder)]
+    for name in set(sys.modules) - before:
+        if name.split(".")[0] == "horovod":
+            del sys.modules[name]
+
+
+def test_horovods_helper_modules_resolve_to_stand_ins(horovod_alias):
+    # Horovod's helpers import horovod.tensorflow.util (_executing_eagerly),
+    # horovod.common.util (env, split_list, ...) and horovod.runner.util.threads.
+    tf_util = importlib.import_module("horovod.tensorflow.util")
+    assert tf_util._executing_eagerly() is True
+    common = importlib.import_module("horovod.common.util")
+    assert common.split_list([1, 2, 3], 2) == [[1, 2], [3]] and common.num_rank_is_power_2(4)
+    with common.env(ELASTIC_HVD_PARITY_TEST="1", NOT_SET=None):
+        assert os.environ["ELASTIC_HVD_PARITY_TEST"] == "1" and "NOT_SET" not in os.environ
+    assert "ELASTIC_HVD_PARITY_TEST" not in os.environ
+    threads = importlib.import_module("horovod.runner.util.threads")
+    # Each aliased package is elastic_hvd's own of the same shape: the import sets
+    # `util` and `threads` on elastic_hvd's packages, where they are already.
+    import elastic_hvd.runner
+    assert sys.modules["horovod.runner"] is elastic_hvd.runner
+    assert elastic_hvd.runner.util.threads is threads
+    assert threads.execute_function_multithreaded(lambda a, b: a * b, [[2, 3], [4, 5]]) \
+        == {0: 6, 1: 20}
+    done = []
+    threads.in_thread(done.append, ("ran",), daemon=False).join()
+    assert done == ["ran"]
+    # What is not provided says so, by Horovod's name.
+    with pytest.raises(AttributeError, match="horovod.common.util.check_extension is a part"):
+        common.check_extension  # noqa: B018
+    runner = importlib.import_module("horovod.runner")
+    with pytest.raises(AttributeError, match="horovod.runner.run is a part of Horovod"):
+        runner.run  # noqa: B018
+    with pytest.raises(ImportError, match="horovod.spark has no elastic_hvd equivalent"):
+        importlib.import_module("horovod.spark")
