@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 # tensorflow-cpu by default; GPU users: make TF_EXTRA=gpu ...
 TF_EXTRA ?= cpu
 
-.PHONY: install lint test test-fast test-tf215 demo bench bench-core bench-horovod bench-growth clean
+.PHONY: install lint test test-fast test-tf215 demo bench bench-core bench-horovod bench-growth bench-hosts clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -54,6 +54,10 @@ bench-horovod: install
 # Replacing a killed rank / adding ranks (issue 6).
 bench-growth: install
 	$(PY) bench/growth_bench.py --runs 3
+
+# Each failure kind (a rank, a host's ranks, a node, a frozen host) on simulated hosts (root).
+bench-hosts: install
+	$(PY) bench/failure_kinds.py --runs 3
 
 bench: bench-core bench-growth
 

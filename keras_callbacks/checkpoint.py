@@ -15,11 +15,13 @@ save counter that every rank counts (restored from the checkpoint, handed to
 joining ranks), never from the writer's own history.
 
 Under ``elastic-hvd-run``, with a ``sampler``, the current rank 0 also sends the
-training state after each step to the launcher's memory
-(:mod:`elastic_hvd.state_replica`), skipping steps while a send is in flight:
-when the runtime ends the job for a lost node, the launcher starts it again and
-``restore()`` takes that copy if it is newer than the newest checkpoint -- at
-most the steps since the copy are trained again.
+training state after a step to the launcher's memory
+(:mod:`elastic_hvd.state_replica`): after every step if copying is cheap, less
+often if not -- the copies take at most ``ELASTIC_HVD_REPLICA_BUDGET`` (5 %) of the
+time -- and never while a send is in flight.  When the runtime ends the job for a
+lost node, the launcher starts it again and ``restore()`` takes that copy if it
+is newer than the newest checkpoint: only the steps since the copy are trained
+again.
 
 Not guaranteed: if the writer dies during the *final* checkpoint (too few
 ranks), nobody writes it in its place: the previous committed one stays.
@@ -32,11 +34,12 @@ import pickle
 import socket
 import sys
 import threading
+import time
 
 import tensorflow as tf
 
 from elastic_hvd import state_replica
-from elastic_hvd.core import runtime
+from elastic_hvd.core import config, runtime
 from elastic_hvd.tensorflow.optimizer_state import get_lr
 from elastic_hvd.tensorflow.training_state import TrainingState
 
@@ -64,6 +67,7 @@ class ElasticCheckpoint(tf.keras.callbacks.Callback):
         #: After ``restore()`` found a checkpoint: what was resumed, as an event-log record.
         self.resumed = None
         self._sending = None  # the thread sending the state to the launcher, if any
+        self._next_copy = 0.0  # perf_counter() before which no copy is made (the budget)
 
     @property
     def meta_path(self):
@@ -87,8 +91,13 @@ class ElasticCheckpoint(tf.keras.callbacks.Callback):
             return
         if runtime.current().rank != 0 or (self._sending and self._sending.is_alive()):
             return
+        budget = config.current().replica_budget
+        started = time.perf_counter()
+        if budget <= 0 or started < self._next_copy:
+            return
         done = self.sampler.steps_left() == 0 and not self.sampler.uncommitted()
         state = self._training_state(self.model).state(self.epoch + 1 if done else self.epoch)
+        self._next_copy = time.perf_counter() + (time.perf_counter() - started) / budget
 
         def send():
             try:

@@ -60,6 +60,9 @@ SETTINGS = (
             "seconds a spawn may take before it is given up"),
     Setting("oversubscribe", "ELASTIC_HVD_OVERSUBSCRIBE", bool, False, None,
             "spawned ranks may oversubscribe the host (set by elastic-hvd-run)"),
+    Setting("replica_budget", "ELASTIC_HVD_REPLICA_BUDGET", float, 0.05, 0.0,
+            "share of training time rank 0 may spend copying the state to elastic-hvd-run "
+            "(for a relaunch after a node loss; 0: no copies)"),
     Setting("faults", "ELASTIC_HVD_FAULTS", str, "", None,
             "fault plan for tests and demos, e.g. rank=2,step=40 (--faults)"),
 )
