@@ -49,7 +49,7 @@ def watcher(kind):
             time.sleep(0.01)
         ranks = job_ranks(job, "hostB")
         daemons = {parent_of(p) for p in ranks.values()}
-        victims = {"rank": [ranks[max(ranks)]], "host ranks": list(ranks.values()),
+        victims = {"rank": list(ranks.values())[-1:], "host ranks": list(ranks.values()),
                    "node": [*daemons, *ranks.values()],
                    "frozen host": [*daemons, *ranks.values()]}[kind]
         signum = signal.SIGSTOP if kind == "frozen host" else signal.SIGKILL
@@ -67,6 +67,8 @@ def measure(kind):
                       launcher=FAST_DETECTION if kind == "frozen host" else [],
                       watcher=watcher(kind), expect_rc=None)
         out = Path(tmp) / "out"
+        if not (out / "failed_at").exists():
+            raise SystemExit(f"{kind}: the failure was never injected:\n{job.output[-3000:]}")
         failed_at = float((out / "failed_at").read_text())
         entries = [json.loads(line) for path in out.glob("steps*.jsonl")
                    for line in path.read_text().splitlines()]
