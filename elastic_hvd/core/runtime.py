@@ -89,9 +89,9 @@ GROWN_FINALIZE_DEADLINE = 3.0
 def _at_exit(MPI, heartbeat):
     """Leave together, stop the heartbeat, finalize MPI with a deadline.
 
-    With Open MPI 5.0.11 + ULFM, ``MPI_Finalize`` hung now and then (about 1 job
-    in 10 here) in its closing PMIx fence after a rank had been killed, although
-    every survivor had finished.  All work is done at this point, so a rank that
+    With Open MPI 5.0.11 + ULFM, ``MPI_Finalize`` hung now and then in its closing
+    PMIx fence after a rank had been killed (how often: docs/measurements.md),
+    although every survivor had finished.  All work is done at this point, so a rank that
     cannot finalize in time exits anyway (mpirun then still reports the job's
     status correctly).  MPI_Finalize is called through ctypes because ctypes
     releases the GIL, which the deadline thread needs.
