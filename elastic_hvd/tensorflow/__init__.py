@@ -22,6 +22,7 @@ from .ops import (Adasum, Average, Max, Min, Product, ProcessSet, Sum,  # noqa: 
                   process_set_included_op, rank_op, remove_process_set, size_op)
 from ..common.util import gpu_available, split_list  # noqa: F401
 from ..common.util import num_rank_is_power_2 as check_num_rank_power_of_2  # noqa: F401
+from .sync_batch_norm import SyncBatchNormalization  # noqa: F401
 from .timeline import start_timeline, stop_timeline  # noqa: F401
 from . import util  # noqa: F401 (Horovod's hvd.util)
 from .util import (_executing_eagerly, handle_average_backwards_compatibility,  # noqa: F401
@@ -248,15 +249,6 @@ class BroadcastGlobalVariablesHook(tf.compat.v1.train.SessionRunHook):
 
     def after_create_session(self, session, coord):
         session.run(self.bcast_op)
-
-
-class SyncBatchNormalization:
-    """Not supported: batch statistics are not synchronized across ranks."""
-
-    def __init__(self, fused=False, **kwargs):
-        raise NotImplementedError(
-            "SyncBatchNormalization is not supported by elastic_hvd; use "
-            "keras.layers.BatchNormalization (per-rank statistics)")
 
 
 # Last (hence E402): hvd.elastic re-exports functions defined above, as Horovod's does.
