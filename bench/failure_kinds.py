@@ -14,7 +14,8 @@ outside, does one of:
 * ``frozen host``: SIGSTOP hostB's daemon and ranks (heartbeat 0.5 s / 2 s).
 
 Reported, medians over ``--runs``: seconds from the failure to the next completed
-training step, committed steps lost (trained again), ranks at the end, how.
+training step (a normal step, the median interval before the failure, for
+comparison), committed steps lost (trained again), ranks at the end, how.
 """
 
 import argparse
@@ -72,37 +73,43 @@ def measure(kind):
         failed_at = float((out / "failed_at").read_text())
         entries = [json.loads(line) for path in out.glob("steps*.jsonl")
                    for line in path.read_text().splitlines()]
+        rank0 = [json.loads(line)["time"] for line in (out / "steps0.jsonl").read_text()
+                 .splitlines()]
+        rank0 = [t for t in rank0 if t < failed_at]
+        normal = statistics.median(b - a for a, b in zip(rank0, rank0[1:]))
         last_launch = max(e["launch"] for e in entries)
         if last_launch:  # relaunched: the first run's last step vs where the relaunch went on
             before = max(e["step"] for e in entries if e["launch"] < last_launch)
-            after = [e for e in entries if e["launch"] == last_launch]
-        else:  # in place: the interrupted step is redone within its transaction
+            first = min((e for e in entries if e["launch"] == last_launch),
+                        key=lambda e: e["time"])
+            lost = before - (first["step"] - 1)
+        else:  # in place: the interrupted step is completed by the survivors
             before = max(e["step"] for e in entries if e["time"] < failed_at)
-            after = [e for e in entries if e["time"] > failed_at]
-        first = min(after, key=lambda e: e["time"])
+            first = min((e for e in entries if e["step"] > before), key=lambda e: e["time"])
+            lost = 0
         sizes = {len(r["ids"]) for r in job.results.values()}
-        return {"recovery_s": first["time"] - failed_at,
-                "lost": before - (first["step"] - 1), "ranks": sizes.pop() if sizes else 0,
-                "how": "relaunch" if first.get("launch") else "in place",
-                "rc": job.returncode}
+        return {"recovery_s": first["time"] - failed_at, "normal_s": normal, "lost": lost,
+                "ranks": sizes.pop() if sizes else 0,
+                "how": "relaunch" if last_launch else "in place", "rc": job.returncode}
 
 
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args()
-    print("| failure | survived | failure -> next step (median s) | steps lost | ranks after |"
-          " exit |")
-    print("|---|---|---|---|---|---|")
+    print("| failure | survived | failure -> next completed step, s (median; runs) | a normal "
+          "step, s | steps lost | ranks after | exit |")
+    print("|---|---|---|---|---|---|---|")
     for kind in ("rank", "host ranks", "node", "frozen host"):
         runs = [measure(kind) for _ in range(args.runs)]
         recovery = statistics.median(r["recovery_s"] for r in runs)
 
         def each(key, form="{}", runs=runs):
             return ", ".join(form.format(r[key]) for r in runs)
+        normal = statistics.median(r["normal_s"] for r in runs)
         print(f"| {kind} | {', '.join(sorted({r['how'] for r in runs}))} | {recovery:.3f} "
-              f"(of {each('recovery_s', '{:.3f}')}) | {each('lost')} | {each('ranks')} | "
-              f"{each('rc')} |", flush=True)
+              f"({each('recovery_s', '{:.3f}')}) | {normal:.3f} | {each('lost')} | "
+              f"{each('ranks')} | {each('rc')} |", flush=True)
 
 
 if __name__ == "__main__":
