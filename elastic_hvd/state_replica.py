@@ -25,6 +25,8 @@ import threading
 
 #: Environment of the ranks: the keeper's ``host:port``, and the job's secret (hex).
 ADDRESS_ENV, SECRET_ENV = "ELASTIC_HVD_REPLICA", "ELASTIC_HVD_JOB_SECRET"
+#: Set for the ranks by ``elastic-hvd-run``: 0 in the first launch, n in the n-th relaunch.
+LAUNCH_ENV = "ELASTIC_HVD_LAUNCH"
 CHALLENGE_BYTES = 32
 TIMEOUT = 30.0
 
@@ -117,6 +119,11 @@ class Keeper:
 def configured(environ=os.environ):
     """Whether this process can reach a keeper (it runs under ``elastic-hvd-run``)."""
     return bool(environ.get(ADDRESS_ENV) and environ.get(SECRET_ENV))
+
+
+def relaunched(environ=os.environ):
+    """Whether this job is a relaunch (after a node loss) by ``elastic-hvd-run``."""
+    return int(environ.get(LAUNCH_ENV) or 0) > 0
 
 
 def _request(verb, header=None, payload=b"", environ=os.environ):

@@ -150,20 +150,18 @@ class ElasticCheckpoint(tf.keras.callbacks.Callback):
 
     @staticmethod
     def _replica():
-        """The state the launcher kept from a run it relaunched, or None (the same on
-        every rank: rank 0 fetches it)."""
-        if not state_replica.configured():
+        """In a job ``elastic-hvd-run`` relaunched, the state it kept from the run before
+        (else None).  Each rank fetches it: restoring stays a local act (a script may
+        restore into a scratch model on one rank), and no rank can have stored a newer
+        one yet -- that takes a training step, which needs every rank."""
+        if not (state_replica.configured() and state_replica.relaunched()):
             return None
-        comm = runtime.current() if runtime.is_initialized() else None
-        blob = None
-        if comm is None or comm.rank == 0:
-            try:
-                blob = state_replica.get()[1]
-            except OSError as exc:
-                print(f"elastic_hvd: the launcher's copy of the state is out of reach: {exc}",
-                      file=sys.stderr, flush=True)
-        if comm is not None:
-            blob = comm.broadcast_object(blob)
+        try:
+            blob = state_replica.get()[1]
+        except OSError as exc:
+            print(f"elastic_hvd: the launcher's copy of the state is out of reach: {exc}",
+                  file=sys.stderr, flush=True)
+            return None
         return pickle.loads(blob) if blob else None
 
     def _read(self, model, entry):

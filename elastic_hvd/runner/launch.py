@@ -278,10 +278,6 @@ def exit_status(code, outcomes):
     return 0, None
 
 
-#: Set for the ranks: 0 in the first launch, n in the n-th relaunch after a node loss.
-LAUNCH_ENV = "ELASTIC_HVD_LAUNCH"
-
-
 def launch(args, cmd):
     """Run the job once: ``(exit status, the line saying why or None, the host whose
     daemon the runtime lost or None)``."""
@@ -315,7 +311,7 @@ def main(argv=None):
     relaunches = 0
     while True:
         cmd[1:1] = ["-x", state_replica.ADDRESS_ENV, "-x", state_replica.SECRET_ENV,
-                    "-x", f"{LAUNCH_ENV}={relaunches}"]
+                    "-x", f"{state_replica.LAUNCH_ENV}={relaunches}"]
         status, why, lost = launch(args, cmd)
         if lost is None or relaunches >= args.max_relaunches:
             break
