@@ -105,7 +105,7 @@ def test_one_training_state_for_checkpoints_hvd_elastic_and_a_restart(tmp_path):
     # its script sets for 3 ranks, not the old job's rescaled one.
     again = run_job("tf_scenarios.py", "training_state", "restart", directory, np=3,
                     tmp_path=tmp_path / "restart", timeout=300)
-    assert "written on 2 ranks, now 3; learning rate 0.15" in again.output
+    assert "written on 2 ranks, now 3; learning rate 0.05 -> 0.15" in again.output
     for r in again.results.values():
         assert (r["digest"], r["optimizer"]) == (first["digest"], first["optimizer"])
         assert r["epoch"] == 1 and r["queue"] == first["queue"] and r["step"] == first["step"]
