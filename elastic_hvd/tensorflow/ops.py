@@ -18,6 +18,7 @@ import tensorflow as tf
 
 from ..core import ElasticHvdError, ReduceOp, config, runtime
 from ..core.collectives import even_splits
+from ..core.errors import NO_ADASUM, NO_PROCESS_SETS
 from . import ordering, timeline
 from .errors import for_tensorflow
 
@@ -49,17 +50,17 @@ global_process_set = ProcessSet()
 
 def add_process_set(process_set):
     """Always raises NotImplementedError: only the global process set is supported."""
-    raise NotImplementedError("elastic_hvd supports only the global process set")
+    raise NotImplementedError(NO_PROCESS_SETS)
 
 
 def remove_process_set(process_set):
     """Always raises NotImplementedError: only the global process set is supported."""
-    raise NotImplementedError("elastic_hvd supports only the global process set")
+    raise NotImplementedError(NO_PROCESS_SETS)
 
 
 def _check_process_set(process_set):
     if process_set is not global_process_set and getattr(process_set, "ranks", None) is not None:
-        raise NotImplementedError("elastic_hvd supports only the global process set")
+        raise NotImplementedError(f"{process_set!r}: {NO_PROCESS_SETS}")
 
 
 def _comm():
@@ -75,7 +76,7 @@ def _resolve_op(op, average, default=Average):
         op = default if average is None else (Average if average else Sum)
     op = ReduceOp(op)
     if op is Adasum:
-        raise NotImplementedError("Adasum is not supported by elastic_hvd; use Average or Sum")
+        raise NotImplementedError(NO_ADASUM)
     return op
 
 
