@@ -6,14 +6,14 @@ Every value is read from the *live* communicator, so after a rank is lost
 
 from . import growth_policy
 from .core import runtime
+from .core.errors import NO_PROCESS_SETS
 from .core.mpi_env import ft_enabled
 
 
 def init(comm=None, process_sets=None, min_np=None):
     """Start elastic_hvd (idempotent).  ``comm``: mpi4py communicator or list of ranks."""
     if process_sets not in (None, [], ()):
-        raise NotImplementedError(
-            "elastic_hvd supports only the global process set; process_sets= is not supported")
+        raise NotImplementedError(f"hvd.init(process_sets=...): {NO_PROCESS_SETS}")
     first = not runtime.is_initialized()
     started = runtime.init(comm, min_np=min_np)
     if first:

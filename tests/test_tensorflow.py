@@ -117,3 +117,30 @@ def test_asked_to_grow_a_script_without_a_growth_point_warns_once(tmp_path):
     job = run_job("tf_scenarios.py", "fit_equivalence", 32, 6, 1, np=2, launcher=["--respawn"],
                   tmp_path=tmp_path, timeout=300)
     assert job.output.count("asked to grow (--respawn), but this script has no growth point") == 1
+
+
+# Issue 13: independent collectives of one graph, started in any order by TF's executor.
+ORDER_ENV = {"ELASTIC_HVD_MISMATCH_TIMEOUT": "2"}
+
+
+@pytest.mark.parametrize("mode", ["tf1", "function"])
+def test_independent_collectives_of_a_graph_match_on_every_rank(tmp_path, mode):
+    job = run_job("tf_scenarios.py", "graph_order", mode, 50, np=2, tmp_path=tmp_path,
+                  timeout=300, env=ORDER_ENV)
+    assert sorted(job.results) == [0, 1], job.output[-3000:]
+    for rank, result in job.results.items():
+        assert result["failures"] == [], f"rank {rank}: {result['failures'][:3]}"
+        if mode == "function":  # ordered by automatic control dependencies, not by us
+            assert result["chained"] and result["collectives"] >= 9, result
+        else:  # a collective is never chained after one that needs a feed it lacks
+            assert result["alone"] == [[0.0, 0.0], [1.0, 1.0]], result["alone"]
+            assert result["summed"] == [3.0, 3.0, 3.0], result["summed"]
+
+
+def test_without_chaining_a_tf1_graph_mismatches(tmp_path):
+    # The same TF1 runs with the chaining switched off (elastic_hvd before issue 13):
+    # TF's executor starts the collectives in another order on each rank, and they fail.
+    job = run_job("tf_scenarios.py", "graph_order", "tf1", 50, 0, np=2, tmp_path=tmp_path,
+                  timeout=300, env=ORDER_ENV, expect_rc=None)
+    failures = [f for r in job.results.values() for f in r["failures"]]
+    assert failures or job.returncode != 0, job.output[-3000:]

@@ -355,6 +355,14 @@ def test_check_op_and_its_mpi_operation():
                             ReduceOp.MIN: "min", ReduceOp.MAX: "max", ReduceOp.PRODUCT: "prod"}
 
 
+def test_refusals_say_what_is_not_supported_and_why():
+    from elastic_hvd import basics
+    with pytest.raises(NotImplementedError, match=r"op=Adasum is not supported .* power-of-2"):
+        check_op(ReduceOp.ADASUM)
+    with pytest.raises(NotImplementedError, match=r"init\(process_sets=.*re-derived"):
+        basics.init(process_sets=[[0]])
+
+
 def test_reduce_input_widens_float16_prescales_and_never_writes_the_input():
     x = np.array([1.0, 2.5], dtype=np.float16)
     send = collectives._reduce_input(x, 2.0)

@@ -6,6 +6,21 @@ fearing that another rank went on without it.
 """
 
 
+#: Why only the global process set exists (the message of every refusal).
+NO_PROCESS_SETS = (
+    "process sets other than the global one (all live ranks) are not supported by "
+    "elastic_hvd: every set would need its own resilient communicator, re-derived from "
+    "the repaired global one after each loss, and its own agreement on every collective; "
+    "use the global process set (leave process_set= out)")
+
+#: Why Adasum is refused.
+NO_ADASUM = (
+    "op=Adasum is not supported by elastic_hvd: Adasum is its own algorithm (a recursive "
+    "pairwise exchange, not an allreduce) that the resilient core does not implement, and "
+    "its pairing needs a power-of-2 number of ranks, which a loss breaks; use op=Average "
+    "or op=Sum")
+
+
 class ElasticHvdError(RuntimeError):
     """Base class of elastic_hvd's own errors."""
 

@@ -2,6 +2,8 @@
 
 import enum
 
+from .errors import NO_ADASUM
+
 
 class ReduceOp(enum.IntEnum):
     """Horovod's reduce ops (``hvd.Average``, ``hvd.Sum``, ...); ADASUM exists for
@@ -29,5 +31,5 @@ def check_op(op):
     """``op`` as a ReduceOp; a clear error for Adasum, which is not supported."""
     op = ReduceOp(op)
     if op is ReduceOp.ADASUM:
-        raise NotImplementedError("Adasum is not supported by elastic_hvd; use Average or Sum.")
+        raise NotImplementedError(NO_ADASUM)
     return op

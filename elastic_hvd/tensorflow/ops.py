@@ -3,7 +3,8 @@
 Each collective is one ``tf.numpy_function`` (stateful), which calls the core
 with numpy views of the tensors (eagerly, the core is called directly).  Being
 stateful, the ops keep program order under ``tf.function``'s automatic control
-dependencies, so every rank issues its collectives in the same order.  Everything
+dependencies, so every rank issues its collectives in the same order; in a TF1
+graph :mod:`.ordering` chains them.  Everything
 that depends on the membership (averaging, rank, size) is computed inside the op
 when it runs, never traced into the graph: a compiled step keeps averaging over
 the survivors after a loss.
@@ -17,7 +18,8 @@ import tensorflow as tf
 
 from ..core import ElasticHvdError, ReduceOp, config, runtime
 from ..core.collectives import even_splits
-from . import timeline
+from ..core.errors import NO_ADASUM, NO_PROCESS_SETS
+from . import ordering, timeline
 from .errors import for_tensorflow
 
 Average, Sum, Adasum, Min, Max, Product = (
@@ -48,17 +50,17 @@ global_process_set = ProcessSet()
 
 def add_process_set(process_set):
     """Always raises NotImplementedError: only the global process set is supported."""
-    raise NotImplementedError("elastic_hvd supports only the global process set")
+    raise NotImplementedError(NO_PROCESS_SETS)
 
 
 def remove_process_set(process_set):
     """Always raises NotImplementedError: only the global process set is supported."""
-    raise NotImplementedError("elastic_hvd supports only the global process set")
+    raise NotImplementedError(NO_PROCESS_SETS)
 
 
 def _check_process_set(process_set):
     if process_set is not global_process_set and getattr(process_set, "ranks", None) is not None:
-        raise NotImplementedError("elastic_hvd supports only the global process set")
+        raise NotImplementedError(f"{process_set!r}: {NO_PROCESS_SETS}")
 
 
 def _comm():
@@ -74,7 +76,7 @@ def _resolve_op(op, average, default=Average):
         op = default if average is None else (Average if average else Sum)
     op = ReduceOp(op)
     if op is Adasum:
-        raise NotImplementedError("Adasum is not supported by elastic_hvd; use Average or Sum")
+        raise NotImplementedError(NO_ADASUM)
     return op
 
 
@@ -107,8 +109,10 @@ def raised_as_tensorflow(fn, *args):
         raise for_tensorflow(exc).with_traceback(None) from None
 
 
-def _numpy_op(name, fn, inputs, tout):
-    """Run ``fn`` (numpy in, numpy out) as a stateful op, traced in the timeline."""
+def _numpy_op(name, fn, inputs, tout, collective=True):
+    """Run ``fn`` (numpy in, numpy out) as a stateful op, traced in the timeline; in a
+    TF1 graph, a ``collective`` is ordered after the graph's earlier ones (see
+    :mod:`.ordering`)."""
     def call(*arrays):
         comm = _comm()
         outer, comm.label = comm.label, name
@@ -125,19 +129,28 @@ def _numpy_op(name, fn, inputs, tout):
             return [_to_tensor(r, d) for r, d in zip(result, tout)]
         return _to_tensor(result, tout)
     touts = list(tout) if many else [tout]
+    chained = collective and ordering.needed()
+    previous = ordering.predecessor(inputs) if chained else None
 
     def call_in_graph(*arrays):
         # A mismatch comes back as the last output; its error is raised by the graph.
         try:
-            result = call(*arrays)
+            if chained:
+                with ordering.lock:
+                    result = call(*arrays)
+            else:
+                result = call(*arrays)
         except tf.errors.FailedPreconditionError as exc:
             print(f"elastic_hvd: {type(exc).__name__} in {name}: {exc}", file=sys.stderr,
                   flush=True)
             return [np.zeros(0, t.as_numpy_dtype) for t in touts] + [np.bool_(True)]
         return (list(result) if many else [result]) + [np.bool_(False)]
 
-    *outputs, failed = tf.numpy_function(call_in_graph, inputs, touts + [tf.bool],
-                                         stateful=True, name=name)
+    with tf.control_dependencies([previous] if previous is not None else []):
+        *outputs, failed = tf.numpy_function(call_in_graph, inputs, touts + [tf.bool],
+                                             stateful=True, name=name)
+    if chained:
+        ordering.record(failed.op)
     outputs = _fail_precondition(failed, outputs, name)
     return outputs if many else outputs[0]
 
@@ -404,7 +417,7 @@ def _broadcast(tensor, root_rank, name=None):
 
 
 def _scalar_op(name, value):
-    return _numpy_op(name, lambda: np.int32(value()), [], tf.int32)
+    return _numpy_op(name, lambda: np.int32(value()), [], tf.int32, collective=False)
 
 
 def size_op(process_set_id=0, name=None):

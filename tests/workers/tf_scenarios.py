@@ -194,6 +194,91 @@ def training_state(phase, directory):
     report.write(comm.original_id, **result)
 
 
+def graph_order(mode, reps="50", chain="1"):
+    """Independent allgathers, allreduces and broadcasts of different shapes fetched
+    together, ``reps`` times, in a TF1 session (``mode`` "tf1") or a tf.function;
+    ``chain`` "0" switches off the ordering of TF1 graphs' collectives."""
+    from elastic_hvd.tensorflow import ordering
+    ordering.ENABLED = chain == "1"
+    n, r = hvd.size(), hvd.rank()
+
+    def build():
+        outs = []
+        for k in range(3):
+            outs.append(hvd_tf.allgather(tf.fill([r + 1, k + 1], float(r + 10 * k))))
+            outs.append(hvd_tf.allreduce(tf.fill([k + 2], float(r + k)), op=hvd_tf.Sum))
+            outs.append(hvd_tf.broadcast(tf.fill([2, k + 3], float(r + 100 * k)), 0))
+        return outs
+
+    expected = []
+    for k in range(3):
+        expected.append(np.concatenate([np.full((q + 1, k + 1), float(q + 10 * k))
+                                        for q in range(n)]))
+        expected.append(np.full([k + 2], float(sum(q + k for q in range(n)))))
+        expected.append(np.full([2, k + 3], float(100 * k)))
+    failures = []
+
+    def check(i, values):
+        for j, (got, want) in enumerate(zip(values, expected)):
+            if np.shape(got) != want.shape or not np.allclose(got, want):
+                failures.append(f"run {i}: output {j} is {np.asarray(got).tolist()}")
+
+    def attempt(i, fn):
+        try:
+            check(i, fn())
+        except Exception as exc:  # noqa: BLE001 - reported, not raised
+            failures.append(f"run {i}: {type(exc).__name__}: {str(exc)[:300]}")
+
+    reps = int(reps)
+    if mode == "tf1":
+        with tf.Graph().as_default():
+            fetches = build()
+            # Built later: one fed from a placeholder, then one that needs no feed.
+            fed = tf.compat.v1.placeholder(tf.float32, [3])
+            total = hvd_tf.allreduce(fed, op=hvd_tf.Sum)
+            free = hvd_tf.allgather(tf.fill([1, 2], float(r)))
+            with tf.compat.v1.Session() as session:
+                for i in range(reps):
+                    attempt(i, lambda: session.run(fetches))
+                    if failures:
+                        break
+                # The free one is not chained after the fed one: it runs without a feed.
+                try:
+                    alone = session.run(free).tolist()
+                    summed = session.run(total, {fed: np.full(3, r + 1.0)}).tolist()
+                except Exception as exc:  # noqa: BLE001 - reported, not raised
+                    alone = summed = f"{type(exc).__name__}: {str(exc)[:300]}"
+        report.write(runtime.current().original_id, failures=failures, alone=alone,
+                     summed=summed)
+        return
+    else:
+        step = tf.function(build)
+        for i in range(reps):
+            attempt(i, lambda: [t.numpy() for t in step()])
+            if failures:
+                break
+        # The graph TF runs: every collective after the one created before it.
+        graph = step.get_concrete_function().graph
+        pyfuncs = [op for op in graph.get_operations() if op.type == "PyFunc"]
+        chained = all(_reaches(b, a) for a, b in zip(pyfuncs, pyfuncs[1:]))
+        report.write(runtime.current().original_id, failures=failures, chained=chained,
+                     collectives=len(pyfuncs))
+
+
+def _reaches(op, target):
+    """Whether ``target`` runs before ``op`` (a path of data or control edges)."""
+    seen, todo = set(), [op]
+    while todo:
+        o = todo.pop()
+        if o is target:
+            return True
+        if o.name in seen:
+            continue
+        seen.add(o.name)
+        todo.extend(list(o.control_inputs) + [t.op for t in o.inputs])
+    return False
+
+
 def main():
     scenario, args = sys.argv[1], sys.argv[2:]
     hvd.init()

@@ -1,0 +1,50 @@
+"""Cost of ordering a graph's collectives (issue 13): microseconds per allreduce with
+8 independent allreduces of 1 KiB, eagerly, in a tf.function and in a TF1 session.
+
+    elastic-hvd-run -np 2 python bench/graph_order_bench.py [--tf1]   # rank 0 prints JSON
+"""
+
+import json
+import os
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import elastic_hvd.tensorflow as hvd  # noqa: E402
+
+OPS, CALLS, ROUNDS = 8, 100, 5
+
+
+def per_op(fn):
+    fn()
+    best = []
+    for _ in range(ROUNDS):
+        hvd.barrier()
+        started = time.perf_counter()
+        for _ in range(CALLS):
+            fn()
+        best.append((time.perf_counter() - started) / (CALLS * OPS) * 1e6)
+    return round(float(np.median(best)), 1)
+
+
+def build():
+    return [hvd.allreduce(tf.fill([256], float(k)), op=hvd.Sum) for k in range(OPS)]
+
+
+def main():
+    hvd.init()
+    result = {"eager": per_op(build), "function": per_op(tf.function(build))}
+    if "--tf1" in sys.argv:  # before issue 13, a TF1 session could mismatch or hang here
+        with tf.Graph().as_default():
+            fetches = build()
+            with tf.compat.v1.Session() as session:
+                result["tf1"] = per_op(lambda: session.run(fetches))
+    if hvd.rank() == 0:
+        print(json.dumps({"us_per_allreduce": result, "size": hvd.size()}), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,99 @@
+"""One order of the collectives of a graph, the same on every rank.
+
+Each collective is a kernel that blocks until the other ranks run the same
+collective.  TF's executor starts independent ops in any order, on several threads:
+two allgathers fetched in one ``session.run`` may start in one order on rank 0 and
+in the other on rank 1, and each rank then waits in a different collective
+(``MismatchError``).  Horovod's kernels are asynchronous and matched by name;
+kernels of ``tf.numpy_function`` are not: a kernel waiting for its turn holds an
+inter-op thread, and when every thread of every rank waits for a collective that
+no other rank has started (two threads here, nine collectives), nothing moves.
+(Measured: matching by name with waiting kernels hung this way at once.)  So the
+order is fixed in the graph, before the executor sees it:
+
+* ``tf.function`` (and the conds and loops in it): TF's automatic control
+  dependencies already chain every stateful op without resource inputs in creation
+  order (``last_write_to_resource[None]`` in ``auto_control_deps.py``); nothing to add.
+* a plain (TF1) graph: :func:`chain` gives each new collective a control dependency
+  on the latest collective of the graph that it may force to run: one whose
+  ancestors need nothing that the new one does not need already (no placeholder,
+  iterator or other stateful op of its own; variables and constants are free).
+  Fetching the new collective then runs that earlier one too, but never consumes
+  an input or needs a feed it would not have.  Collectives fed from different
+  placeholders or iterators stay unordered (fetching them in one run can still
+  mismatch), and so do collectives inside ``tf.compat.v1.while_loop``.
+
+Every rank builds the same graph, so creation order -- hence the chain -- is the
+same on every rank.  Eager code runs collectives in program order.
+"""
+
+import threading
+import weakref
+
+import tensorflow as tf
+
+#: Chain the collectives of TF1 graphs (False: leave them as TF schedules them).
+ENABLED = True
+
+#: Graph -> its collectives (py_func ops) in creation order.
+_COLLECTIVES = weakref.WeakKeyDictionary()
+
+#: Held while a graph's collective runs: unordered ones never share MPI from two threads.
+lock = threading.Lock()
+
+_FREE = frozenset(("Const", "VarHandleOp", "VariableV2", "Variable", "ReadVariableOp",
+                   "Identity", "Fill", "NoOp"))
+_FEEDS = frozenset(("Placeholder", "PlaceholderV2"))
+
+
+def needed():
+    """Whether a collective built now needs :func:`chain`: in a plain (TF1) graph, not
+    in a function graph (whose automatic control dependencies order it already)."""
+    graph = tf.compat.v1.get_default_graph()
+    return ENABLED and not getattr(graph, "building_function", False)
+
+
+def _ancestors(ops):
+    seen, todo = {}, list(ops)
+    while todo:
+        op = todo.pop()
+        if op.name in seen:
+            continue
+        seen[op.name] = op
+        todo.extend(t.op for t in op.inputs)
+        todo.extend(op.control_inputs)
+    return seen
+
+
+def _needs(ancestors, collectives):
+    """Names of the ops among ``ancestors`` that make running them more than a
+    computation: feeds and stateful ops (not variables, not our own collectives)."""
+    return {name for name, op in ancestors.items()
+            if name not in collectives and op.type not in _FREE
+            and (op.type in _FEEDS or op._is_stateful)}
+
+
+def predecessor(inputs):
+    """The collective a new collective with ``inputs`` must follow, or None."""
+    graph = tf.compat.v1.get_default_graph()
+    chain = _COLLECTIVES.get(graph)
+    if not chain:
+        return None
+    mine = _ancestors([t.op for t in inputs])
+    names = {op.name for op in chain}
+    context = getattr(graph, "_get_control_flow_context", lambda: None)()
+    if context is not None:  # a TF1 cond or while_loop: edges may not cross its frame
+        return None
+    for previous in reversed(chain):
+        if previous.name in mine:
+            return None  # already ordered by data
+        if previous._control_flow_context is not None:
+            continue
+        if _needs(_ancestors([previous]), names) <= set(mine):
+            return previous
+    return None
+
+
+def record(op):
+    """Remember ``op`` as the latest collective of its graph."""
+    _COLLECTIVES.setdefault(op.graph, []).append(op)
