@@ -104,9 +104,10 @@ class Invitation:
     again: Open MPI 5.0.11 segfaults in a rank that learns of a process's end while
     it activates a communicator (seen here: an abandoned joiner that reached
     ``join()`` late ended during the next spawn and took the running ranks down).
-    The thread raises :class:`JoinAbandoned` in the main thread, which then exits
-    the ordinary way (``MPI_Finalize`` at exit); it never finalizes MPI itself,
-    which the main thread may be using.
+    The thread raises :class:`JoinAbandoned` in the main thread, at its next
+    Python instruction (one long C call delays it), which then exits the
+    ordinary way (``MPI_Finalize`` at exit); the thread never finalizes MPI
+    itself, which the main thread may be using.
     """
 
     #: Seconds between two looks at the merged communicator.
