@@ -50,6 +50,8 @@ def test_respawn_replaces_a_killed_rank(tmp_path):
     assert ids == [0, 1, 3, 4]  # survivors keep their order, the joiner comes last
     assert results[4]["joined_at"] > 10
     assert results[0]["sizes"][-1] == 4 and 3 in results[0]["sizes"]
+    # Before it joined, the joiner had no id at all (not a made-up one).
+    assert results[4]["before_join"] == {"original_id": None, "ids": []}
 
 
 def test_joiner_killed_after_joining_and_two_lost_at_once(tmp_path):
@@ -71,13 +73,48 @@ def test_rank_dies_during_the_spawn_itself(tmp_path):
     assert job.returncode == 0  # the survivors completed: elastic-hvd-run says so
 
 
-def test_joiner_dies_before_joining(tmp_path):
-    job, results, ids = grow(tmp_path, "rank=2,step=10", "--die-before-join")
+@pytest.mark.parametrize("how", ["--die-before-join", "--raise-before-join"])
+def test_joiner_dies_before_joining(tmp_path, how):
+    job, results, ids = grow(tmp_path, "rank=2,step=10", how)
     events = check_history(results, ids)
     # The first replacement died while starting: the join was abandoned and retried.
     assert [(e["lost"], e["gained"]) for e in events] == [([2], []), ([], [4])]
     assert (tmp_path / "out" / "died").exists()  # the first joiner did die
     assert job.returncode == 0
+    if how == "--raise-before-join":  # ended like a crash: the ranks saw it die
+        assert "JoinOrderError" in job.output
+        assert "spawned to join the running job, stops on an uncaught exception" in job.output
+
+
+#: What Open MPI printed around a joiner the job gave up: its failed non-blocking
+#: barrier, libevent, and mpirun aborting the job for a process that exited 0
+#: without MPI_Finalize.
+OPEN_MPI_NOISE = ("NBC_Progress", "Epoll ADD", "LAUNCHER JOB OBJECT NOT FOUND",
+                  "exiting improperly", "PRTE ERROR")
+GIVEN_UP = ("spawned to join the running job, exits without joining: the running job gave it "
+            "up before adopting it")
+
+
+@pytest.mark.parametrize("faults, steps, survivors, given_up", [
+    # rank 1 dies while the replacement of rank 2 starts up; the second one is still
+    # starting when training ends
+    ("rank=2,step=10;rank=1,step=30", 120, [0, 3], 2),
+    ("rank=2,step=10", 40, [0, 1, 3], 1),  # training ends while it starts up
+], ids=["ranks_change", "training_ends_first"])
+def test_joiner_given_up_leaves_at_once_in_one_line(tmp_path, faults, steps, survivors,
+                                                    given_up):
+    # Joiners start up for longer than the test waits: only one that leaves as
+    # soon as the job gives it up lets the job end by itself.
+    job = run_job("growth_scenarios.py", steps, "--joiner-delay", 600, np=4, faults=faults,
+                  launcher=("--respawn",), tmp_path=tmp_path, timeout=120)
+    assert sorted(job.results) == survivors
+    assert not any(e["gained"] for r in job.results.values() for e in r["events"])
+    lines = [line for line in job.output.splitlines() if GIVEN_UP in line]
+    assert len(lines) == given_up, job.output[-4000:]
+    assert all(line.startswith("elastic_hvd: process ") for line in lines), lines
+    for noise in OPEN_MPI_NOISE:
+        assert noise not in job.output, job.output[-4000:]
+    assert "mpirun still waits" not in job.output  # elastic-hvd-run did not have to end it
 
 
 @pytest.mark.parametrize("signal", ["HANG", "KILL"])

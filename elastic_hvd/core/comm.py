@@ -20,6 +20,7 @@ to a data transfer: its agreement then shows the phase mix and every rank raises
 :class:`MismatchError` instead of hanging.
 """
 
+import contextlib
 import os
 import signal
 import socket
@@ -33,7 +34,7 @@ from . import faults
 from .collectives import CollectivesMixin
 from .errors import (ElasticHvdError, JoinOrderError, MismatchError, RanksBelowMinimumError,
                      RemoteCollectiveError)
-from .growth import GrowthMixin
+from .growth import Growth
 from .membership import Listeners, MembershipEvent
 from .signature import SignaturePredictor
 
@@ -49,23 +50,22 @@ _PRE = 4     # contributed before the data transfer (slow path)
 _POST = 8    # contributed after the data transfer
 
 
-class ResilientComm(CollectivesMixin, GrowthMixin):
+class ResilientComm(CollectivesMixin):
     """An MPI communicator whose collectives survive the loss of ranks.
 
     ``ids`` maps each current rank to its *original id* (its rank when the
     communicator was created; processes that join later get the next free ids),
-    which stays stable across repairs.  ``parent``, the communicator merged with the
-    spawning ranks, is given in a process spawned into a running job (see
-    :mod:`.growth`): it then starts as a *joiner*.
+    which stays stable across repairs.  ``invitation``, the :class:`.growth.Invitation`
+    of a process spawned into a running job, makes it start as a *joiner*, whose
+    ``original_id`` is None and ``ids`` empty until it has joined.
     """
 
     def __init__(self, MPI, comm, *, min_np=1, mismatch_timeout=5.0, elastic=True,
-                 heartbeat=None, parent=None):
+                 heartbeat=None, invitation=None):
         self.MPI = MPI
         self._failure_classes = (MPI.ERR_PROC_FAILED, MPI.ERR_PROC_FAILED_PENDING,
                                  MPI.ERR_REVOKED)
-        self._join, self._quiet, self.joining, self._rehearsing = None, False, False, False
-        self._spawns = 0  # spawns this job made (counted alike on every rank; joiners are told)
+        self._quiet, self._rehearsing = False, False
         self.min_np = int(min_np)
         self.mismatch_timeout = float(mismatch_timeout)
         self.elastic = elastic
@@ -77,12 +77,12 @@ class ResilientComm(CollectivesMixin, GrowthMixin):
         #: What the collectives now running are for (set by callers, recorded in events).
         self.label = ""
         self._procs = {}
-        if parent is not None:
-            self._init_joiner(parent)
+        if invitation is not None:  # a joiner: no id, no hosts yet (see Growth.join)
+            self._comm, self._ids, self.original_id = invitation.merged, [], None
             self.initial_size = self._comm.size
         else:
             self._start(comm)
-        self._next_id = self.initial_size
+        self._growth = Growth(self, invitation)
         if self.size < self.min_np:
             raise RanksBelowMinimumError(self.size, self.min_np, ())
 
@@ -98,22 +98,20 @@ class ResilientComm(CollectivesMixin, GrowthMixin):
         in ERA's history is what a late rank could answer a peer's query with."""
         MPI = self.MPI
         started = time.perf_counter()
-        self.original_id, self.initial_size = comm.rank, comm.size
+        self.initial_size = comm.size
         if self.elastic:
             own = self._shrink(comm)
             positions = own.Get_group().Translate_ranks(list(range(own.size)), comm.Get_group())
         else:
             own, positions = comm.Dup(), list(range(comm.size))
         own.Set_errhandler(MPI.ERRORS_RETURN)
-        self._comm, self._ids = own, list(positions)
+        self._comm, self._ids, self.original_id = own, list(positions), comm.rank
         if own.size < comm.size:
             self.events.append(MembershipEvent(
                 old_size=comm.size, new_size=own.size,
                 lost=tuple(sorted(set(range(comm.size)) - set(positions))),
                 detect_s=time.perf_counter() - started, sequence=1, during="init"))
-        where = (socket.gethostname(), os.getpid())
-        everyone = self.run(None, lambda c: c.allgather(where))
-        self._procs.update(zip(self._ids, everyone))
+        self.meet()
 
     # -- membership ---------------------------------------------------------------
     @property
@@ -203,7 +201,7 @@ class ResilientComm(CollectivesMixin, GrowthMixin):
                 pre = self._agree(comm, _OK | _CLEAN | _PRE,
                                   LEAVE_TIMEOUT if signature == LEAVE else self.mismatch_timeout)
                 if pre is None:
-                    self._repair(started)
+                    self.repair(started)
                     continue
                 if pre & _POST or not pre & _PRE:
                     self._mismatch(signature)
@@ -218,7 +216,7 @@ class ResilientComm(CollectivesMixin, GrowthMixin):
                 faults.after_transfer()
             agreed = self._agree(comm, flag | _POST)
             if agreed is None:
-                self._repair(started)
+                self.repair(started)
                 continue
             if agreed & _PRE or not agreed & _POST:
                 self._mismatch(signature)
@@ -229,7 +227,7 @@ class ResilientComm(CollectivesMixin, GrowthMixin):
                 return result
             if not agreed & _CLEAN:
                 self._raise_application_error(error if not flag & _CLEAN else None)
-            self._repair(started)
+            self.repair(started)
 
     def _attempt(self, comm, attempt):
         try:
@@ -238,10 +236,10 @@ class ResilientComm(CollectivesMixin, GrowthMixin):
             # Errors on a communicator that another rank revoked are not always
             # reported as ERR_REVOKED (alltoall said ERR_OTHER here): count them clean.
             clean = exc.Get_error_class() in self._failure_classes or comm.Is_revoked()
-            self._revoke(comm)
+            self.revoke(comm)
             return (_CLEAN if clean else 0), None, exc
         except Exception as exc:  # a local error must not leave the others blocked
-            self._revoke(comm)
+            self.revoke(comm)
             return 0, None, exc
 
     def _agree(self, comm, flag, timeout=None):
@@ -257,7 +255,7 @@ class ResilientComm(CollectivesMixin, GrowthMixin):
             buf = np.array([flag], dtype=np.intc)
             request = comm.Iagree(buf)
             if not _wait(request, timeout):
-                self._revoke(comm)
+                self.revoke(comm)
                 request.Wait()
             return int(buf[0])
         except self.MPI.Exception as exc:
@@ -266,74 +264,180 @@ class ResilientComm(CollectivesMixin, GrowthMixin):
             # Any other error is this rank's alone: the others may hold an agreed
             # value.  Revoke, so that none of them goes on with this rank unawares
             # (their next collective repairs), and raise here.
-            self._revoke(comm)
+            self.revoke(comm)
             raise ElasticHvdError(f"MPI_Comm_agree failed on rank {comm.rank}: "
                                   f"{exc.Get_error_string()}") from exc
 
-    def _free(self, comm):
-        """Free a communicator we are done with; one with dead members may refuse."""
-        try:
-            comm.Free()
-        except self.MPI.Exception:
-            pass
+    # -- the interface of the join protocol (.growth) ---------------------------------
+    # Public so that the protocol never touches this class's fields: what it needs
+    # from the communicator is here, documented, and nothing else.
+    @property
+    def joining(self):
+        """True in a process spawned into a running job until it has joined."""
+        return self._growth.joining
 
-    def _revoke(self, comm):
+    @property
+    def join_pending(self):
+        """True while spawned processes wait to be adopted (see :meth:`poll_join`)."""
+        return self._growth.pending
+
+    def spawn(self, count, hosts=(), oversubscribe=None):
+        """Start ``count`` processes that will join (collective); True if they are on
+        their way.  See :meth:`.growth.Growth.spawn`."""
+        return self._growth.spawn(count, hosts, oversubscribe)
+
+    def poll_join(self):
+        """At a step boundary (collective while a join is pending): adopt the spawned
+        processes if they are all ready; returns the growth event then, else None."""
+        return self._growth.poll()
+
+    def abandon_join(self):
+        """Give up the pending join (local; its processes exit without joining)."""
+        self._growth.abandon()
+
+    def join(self):
+        """In a spawned process: join the running job; returns the growth event."""
+        return self._growth.join()
+
+    @contextlib.contextmanager
+    def rehearsal(self):
+        """Collectives inside run on this process alone (``COMM_SELF``).
+
+        A joining process runs one throw-away training step in a rehearsal, so
+        that it compiles its training function *before* it joins: otherwise the
+        running ranks would wait inside its first step's gradient allreduce for
+        the whole compilation (measured: 15 s for MobileNetV2 on 2 cores).  What
+        the step computes is overwritten by the live state it receives next.
+        """
+        self._rehearsing = True
+        try:
+            yield
+        finally:
+            self._rehearsing = False
+
+    def agree(self, flag):
+        """Agreed AND of ``flag`` over the live ranks (collective); None when a
+        process failure interrupted the agreement (then :meth:`repair`)."""
+        return self._agree(self._comm, flag)
+
+    def revoke(self, comm):
+        """Revoke an mpi4py communicator, so that every member blocked on it returns."""
         try:
             if not comm.Is_revoked():
                 comm.Revoke()
         except self.MPI.Exception:
             pass
 
+    def free(self, comm):
+        """Free an mpi4py communicator we are done with; one with dead members may refuse."""
+        try:
+            comm.Free()
+        except self.MPI.Exception:
+            pass
+
+    def settle(self, new):
+        """Wait until every live member of ``new``, a communicator just created, has
+        finished activating it: call it on every member before anyone may revoke it.
+
+        Open MPI 5.0.11 segfaults (``ompi_comm_revoke_local``) in a rank that
+        receives a revoke for a communicator it is still activating -- a fast rank
+        that met a failure in its first collective on it sent one (seen in CI: a
+        rank died inside a shrink).  A rank leaves an agreement only once every
+        live member entered it, so all of them have finished activating; its
+        outcome does not matter (the next collective finds any failure)."""
+        try:
+            new.Agree(0)
+        except self.MPI.Exception:
+            pass
+
+    def replace(self, new, ids):
+        """Make ``new`` (an mpi4py communicator) the live one, ``ids`` the original id
+        of each of its ranks; the old one is freed."""
+        old = self._comm
+        self._comm, self._ids, self.original_id = new, list(ids), ids[new.rank]
+        if old is not new:
+            self.free(old)
+
+    def book(self):
+        """The bookkeeping a process that joins takes over (picklable): hosts and
+        pids, membership history, sizes, the call history of :mod:`.signature`."""
+        return {"procs": self._procs, "events": self.events, "initial_size": self.initial_size,
+                "min_np": self.min_np, "predictor": self._predictor.state()}
+
+    def load_book(self, book):
+        """Take over the :meth:`book` of the running ranks (in a process that joins)."""
+        self._procs.update(book["procs"])
+        self.events = list(book["events"])
+        self.initial_size, self.min_np = book["initial_size"], book["min_np"]
+        self._predictor.load_state(book["predictor"])
+
+    def meet(self, extra=None):
+        """Learn every live rank's host and pid, with ``extra`` from each (a resilient
+        collective); returns the ``extra`` of every rank, in rank order."""
+        mine = (socket.gethostname(), os.getpid(), extra)
+        everyone = self.run(None, lambda c: c.allgather(mine))
+        self._procs.update((i, (host, pid)) for i, (host, pid, _) in zip(self._ids, everyone))
+        return [e for *_, e in everyone]
+
+    @contextlib.contextmanager
+    def folded(self, label):
+        """Collectives inside run under ``label``, and a repair inside records no event
+        of its own: the caller records one :meth:`record` for all of it, whose
+        ``lost`` says who was lost meanwhile (a join does)."""
+        saved, self.label, self._quiet = self.label, label, True
+        try:
+            yield
+        finally:
+            self._quiet, self.label = False, saved
+
+    def record(self, event):
+        """Append a membership event (the same on every rank) and announce it; raise
+        :class:`RanksBelowMinimumError` on every rank if too few are left."""
+        self.events.append(event)
+        try:
+            self.listeners.notify(event)
+        except Exception:  # a listener must not break the agreed control flow
+            print(f"elastic_hvd: a membership listener failed on rank {self.rank}:",
+                  file=sys.stderr)
+            traceback.print_exc()
+        if self.size < self.min_np:
+            self._below_min = RanksBelowMinimumError(self.size, self.min_np,
+                                                     [i for e in self.events for i in e.lost])
+            raise self._below_min
+
     # -- repair -------------------------------------------------------------------
-    def _repair(self, started):
-        """Revoke, shrink to the survivors, record and announce who was lost."""
+    def repair(self, started=None):
+        """Revoke, shrink to the survivors, record and announce who was lost
+        (collective; ``started``: when the failing call began, for the event)."""
         detected = time.perf_counter()
         old, old_ids = self._comm, self._ids
-        self._revoke(old)
+        self.revoke(old)
         new = self._shrink(old)
         positions = new.Get_group().Translate_ranks(list(range(new.size)), old.Get_group())
-        self._comm, self._ids = new, [old_ids[p] for p in positions]
         repaired = time.perf_counter()
-        self._free(old)
+        self.replace(new, [old_ids[p] for p in positions])
         lost = tuple(sorted(set(old_ids) - set(self._ids)))
         if not lost:
             return
         self._fence(lost)
         if self._quiet:  # inside a join: reported in its event
             return
-        event = MembershipEvent(
+        self.record(MembershipEvent(
             old_size=len(old_ids), new_size=new.size, lost=lost,
-            detect_s=detected - started, repair_s=repaired - detected,
-            sequence=len(self.events) + 1, during=self.label)
-        self.events.append(event)
-        self._notify(event)
-        if new.size < self.min_np:
-            self._below_min = RanksBelowMinimumError(new.size, self.min_np,
-                                                     [i for e in self.events for i in e.lost])
-            raise self._below_min
+            detect_s=detected - (started or detected), repair_s=repaired - detected,
+            sequence=len(self.events) + 1, during=self.label))
 
     def _shrink(self, comm):
-        """``comm.Shrink()``: the survivors.  ULFM completes it uniformly despite
-        failures; any other error is a broken MPI, said plainly.
-
-        An agreement on the new communicator follows before anyone may revoke it:
-        Open MPI 5.0.11 segfaults (``ompi_comm_revoke_local``) in a rank that
-        receives a revoke for a communicator it is still activating at the end of
-        its shrink -- a fast rank that met a failure in its first collective on
-        it sent one (seen in CI: a rank died inside the shrink).  A rank leaves
-        the agreement only once every live rank entered it, so all of them have
-        finished activating; its outcome does not matter (the next collective
-        finds any failure)."""
+        """``comm.Shrink()``: the survivors, settled (see :meth:`settle`).  ULFM
+        completes it uniformly despite failures; any other error is a broken MPI,
+        said plainly."""
         try:
             new = comm.Shrink()
         except self.MPI.Exception as exc:
             raise ElasticHvdError(f"cannot repair the communicator: MPI_Comm_shrink failed on "
                                   f"rank {comm.rank}: {exc.Get_error_string()}") from exc
         new.Set_errhandler(self.MPI.ERRORS_RETURN)
-        try:
-            new.Agree(0)
-        except self.MPI.Exception:
-            pass
+        self.settle(new)
         return new
 
     def _fence(self, lost):
@@ -353,21 +457,13 @@ class ResilientComm(CollectivesMixin, GrowthMixin):
                     except OSError:
                         pass
 
-    def _notify(self, event):
-        try:
-            self.listeners.notify(event)
-        except Exception:  # a listener must not break the agreed control flow
-            print(f"elastic_hvd: a membership listener failed on rank {self.rank}:",
-                  file=sys.stderr)
-            traceback.print_exc()
-
     # -- errors every rank raises ---------------------------------------------------
     def _mismatch(self, signature):
         """Ranks called different collectives: raise MismatchError on all of them --
         unless some of them are *leaving* (see :meth:`leave`): those raise
         :class:`LeftEarly` and exit, and the others return to retry their call, in
         which the leavers are found gone like any lost rank."""
-        self._repair(time.perf_counter())  # drop whatever a mismatched transfer left
+        self.repair()  # drop whatever a mismatched transfer left
         self._differ(signature, self.run(None, lambda c: c.allgather(signature)))
 
     def _differ(self, signature, signatures):
@@ -390,7 +486,7 @@ class ResilientComm(CollectivesMixin, GrowthMixin):
         self.run(LEAVE, lambda comm: comm.Barrier())
 
     def _raise_application_error(self, error):
-        self._repair(time.perf_counter())  # the failing rank revoked the communicator
+        self.repair()  # the failing rank revoked the communicator
         report = None if error is None else (f"{type(error).__name__}: {error}",
                                              [c.__name__ for c in type(error).__mro__])
         reports = self.run(None, lambda c: c.allgather(report))

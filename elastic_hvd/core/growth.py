@@ -1,228 +1,178 @@
-"""Growing a running job: new processes join the live communicator in place.
+"""The join protocol: new processes join the live communicator in place.
 
 Shrinking keeps a job alive; growing gives it back its speed.  A join has two
 halves so that the ranks already training never wait for a new process to
 start Python and import TensorFlow:
 
-1. **Spawn** (every live rank together, at a step boundary): ``MPI_Comm_spawn`` of
-   ``python -m elastic_hvd.runner.join <the same program>``, whose first act is
-   ``MPI_Init`` and an intercommunicator merge, so this costs about one Python
-   start-up (~1 s).  The spawn's outcome is agreed like any collective; a
-   failure during it is repaired and the spawn is simply tried again later.
-   The ranks then train on while the joiners load their program.
+1. **Spawn** (every live rank together, at a step boundary; see :mod:`.spawn`):
+   ``MPI_Comm_spawn`` of ``python -m elastic_hvd.runner.join <the same program>``,
+   whose first act is ``MPI_Init`` and an intercommunicator merge, so this costs
+   about one Python start-up (~1 s).  The spawn's outcome is agreed like any
+   collective; a failure during it is repaired and the spawn is simply tried
+   again later.  The ranks then train on while the joiners load their program.
 2. **Adopt**: once per step while a join is pending, one agreed ``allreduce``
-   asks whether every joiner has reached :meth:`GrowthMixin.join` (a non-blocking
-   barrier on the merged communicator).  When they all have, the merged
-   communicator becomes the live one -- old ranks first, in their order, joiners
+   asks whether every joiner has reached :meth:`Growth.join` (each sends the
+   lowest rank a *ready* message).  When they all have, the merged communicator
+   is duplicated into the live one -- old ranks first, in their order, joiners
    after them, so ranks stay stable -- and the bookkeeping (original ids, hosts,
-   membership history, the call history of :mod:`.signature`) is handed over with
-   resilient collectives.  One ``gained`` :class:`MembershipEvent` follows.
+   membership history, the call history of :mod:`.signature`) is handed over.
+   One ``gained`` :class:`MembershipEvent` follows.
 
 If the live ranks change while a join is pending, the join is abandoned (the
 merged communicator is revoked, so the joiners exit) and a new one is spawned
 for the new deficit.  Training state (weights, data position...) is the Keras
 layer's business: see ``keras_callbacks.growth``.
+
+Why an object beside the communicator rather than part of it: the protocol has
+state of its own (the pending join, the spawn count, the next free original
+id) and uses the communicator only through its public interface -- agree,
+repair, revoke/free, replace the live communicator, export/import its book --
+so neither reaches into the other.
+
+Why the ready signal is a point-to-point message and not a non-blocking barrier:
+a failed schedule of Open MPI's non-blocking collectives (``libnbc``) prints
+``NBC_Progress: an error 75 was found during schedule ...`` on every rank, and
+an abandoned join always fails one (measured).  A receive that fails is silent.
 """
 
-import base64
+import atexit
 import contextlib
-import json
+import ctypes
 import os
-import signal
-import socket
 import sys
 import threading
 import time
 
 import numpy as np
 
-from . import config, faults
-from .errors import ElasticHvdError, RanksBelowMinimumError
+from . import faults, heartbeat, mpi_env
+from .errors import ElasticHvdError
 from .membership import MembershipEvent
+from .spawn import SpawnCall, spawn_timeout
 
 #: ``ResilientComm.label`` while a join's bookkeeping is exchanged.
 JOIN_LABEL = "ElasticJoin"
+#: Tag of a joiner's "ready" message to the lowest rank, on the merged communicator.
+_READY = 1
 
 
-def spawn_timeout():
-    """Seconds the running ranks wait for a spawn (start, MPI_Init, merge) before they
-    give it up (``config.spawn_timeout``, 60; normally it takes ~1.5 s)."""
-    return config.current().spawn_timeout
+class _Pending:
+    """A spawn whose joiners have not been adopted yet (running ranks' side): the
+    merged communicator and, on its rank 0, one receive per joiner's ready message."""
 
-
-class _Join:
-    """A spawn whose joiners have not been adopted yet (parents' side)."""
-
-    def __init__(self, merged, barrier, count, events, started):
-        self.merged, self.barrier, self.count, self.events = merged, barrier, count, events
-        self.started = started
+    def __init__(self, merged, count, events, started):
+        self.merged, self.count, self.events, self.started = merged, count, events, started
         self.spawn_s = time.perf_counter() - started
+        joiners = range(merged.size - count, merged.size) if merged.rank == 0 else ()
+        self._buffers = [np.empty(1, dtype=np.int8) for _ in joiners]
+        self._ready = [merged.Irecv(buffer, source=r, tag=_READY)
+                       for buffer, r in zip(self._buffers, joiners)]
+
+    def test(self, MPI):
+        """1 when every joiner said it is ready (as far as this rank knows), 0 not yet,
+        -1 when the join broke (a joiner died, the communicator was revoked)."""
+        try:
+            return 1 if MPI.Request.Testall(self._ready) else 0
+        except MPI.Exception:
+            return -1
+
+    def close(self, comm):
+        """Revoke the merged communicator (its joiners give up) and free it."""
+        comm.revoke(self.merged)
+        for request in self._ready:
+            with contextlib.suppress(comm.MPI.Exception):
+                request.Cancel()
+                request.Wait()
+        comm.free(self.merged)
 
 
-_merged = None
+class JoinAbandoned(SystemExit):
+    """Raised in the main thread of a spawned process that the running job gave up
+    before adopting it: the process ends as a program that exits 0 does."""
 
 
-def merge_with_parent(MPI):
-    """Joiner side, once: the communicator merged with the ranks that spawned this
-    process (None if nobody did).  Called as early as possible: they wait for it."""
-    global _merged
-    if _merged is not None:
-        return _merged
-    intercomm = MPI.Comm.Get_parent()
-    if intercomm == MPI.COMM_NULL:
-        return None
-    intercomm.Set_errhandler(MPI.ERRORS_RETURN)
-    try:
-        merged = intercomm.Merge(high=True)
-    except MPI.Exception as exc:  # the parents abandoned this spawn
-        _give_up(f"merge failed ({exc.Get_error_string()})")
-    merged.Set_errhandler(MPI.ERRORS_RETURN)
-    try:
-        _connect_all(merged)
-    except MPI.Exception as exc:
-        _give_up(f"could not reach the running job ({exc.Get_error_string()})")
-    intercomm.Free()
-    _merged = merged
-    return merged
+class Invitation:
+    """A spawned process's link to the running job until it joins: the communicator
+    merged with it, watched.
 
-
-@contextlib.contextmanager
-def start_up_deadline():
-    """A spawned process that is not merged in time exits: by then its spawners gave
-    it up (after :func:`spawn_timeout`), and mpirun would wait for it for ever.
-
-    ``MPI_Init`` runs while the interpreter lock is held, so a watchdog thread
-    cannot act if it hangs there (seen once in about ten runs of the test suite);
-    ``SIGALRM``, whose default action ends the process, can."""
-    seconds = 2 * spawn_timeout() + 10
-    watchdog = threading.Timer(seconds, _give_up, ("it was not merged with the running job "
-                                                   f"within {seconds:.0f}s",))
-    watchdog.daemon = True
-    watchdog.start()
-    signal.alarm(int(seconds) + 5)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        watchdog.cancel()
-
-
-def _connect_all(merged):
-    """Open a connection between every pair of the merged processes, now, while
-    they are all alive.  Open MPI connects lazily, and its first contact with a
-    process of another job that has died since blocks for ever (in PMIx_Get of
-    the peer's address), freezing the progress engine of the whole rank."""
-    merged.Alltoall(np.zeros(merged.size, dtype=np.int8), np.empty(merged.size, dtype=np.int8))
-
-
-def _give_up(why):
-    print(f"elastic_hvd: joining process {os.getpid()} exits: {why}", file=sys.stderr, flush=True)
-    os._exit(0)
-
-
-def program_argv():
-    """The command line that started this program, for joiners to run it too."""
-    saved = os.environ.get("ELASTIC_HVD_PROGRAM")
-    if saved:
-        return json.loads(saved)
-    argv = list(sys.orig_argv[1:])
-    while argv and argv[0].startswith("-") and argv[0] != "-m":
-        argv.pop(0)  # interpreter options (-u, -O...)
-    return argv
-
-
-#: Variables of the MPI runtime: they describe the spawning process, not a joiner.
-RUNTIME_PREFIXES = ("PMIX", "PRTE", "OMPI_")
-
-
-def joiner_command(extra_env=None):
-    """(executable, args) to spawn: the join wrapper around this program, carrying
-    this process's environment (spawned processes get mpirun's, not ours)."""
-    environ = {k: v for k, v in os.environ.items() if not k.startswith(RUNTIME_PREFIXES)}
-    environ.update(extra_env or {})
-    env = base64.b64encode(json.dumps(environ).encode()).decode()
-    return sys.executable, ["-m", "elastic_hvd.runner.join", env, *program_argv()]
-
-
-class _SpawnCall:
-    """One spawn (``MPI_Comm_spawn`` + merge + connect), in a thread of its own on a
-    duplicate of the live communicator, so that the running ranks can give it up.
-
-    A new process that never completes ``MPI_Init`` (seen here: one stuck in it;
-    one that dies before it) leaves ``MPI_Comm_spawn`` blocked for ever in the
-    spawning root.  After the timeout every rank revokes the duplicate, which frees
-    the ranks waiting for the root, and goes on; the root's thread stays behind
-    (measured: a later spawn, from a new duplicate, works).
+    Between its merge and :meth:`Growth.join` the process runs its program's
+    start-up (imports, model, the rehearsal step), which takes seconds to
+    minutes.  If the job gives the join up meanwhile (it revokes the
+    communicator), a thread notices within :data:`WATCH_PERIOD` and ends the
+    process at once rather than at ``join()``, so that it does not use a host for
+    nothing, and above all is gone before the running ranks create communicators
+    again: Open MPI 5.0.11 segfaults in a rank that learns of a process's end while
+    it activates a communicator (seen here: an abandoned joiner that reached
+    ``join()`` late ended during the next spawn and took the running ranks down).
+    The thread raises :class:`JoinAbandoned` in the main thread, at its next
+    Python instruction (one long C call delays it), which then exits the
+    ordinary way (``MPI_Finalize`` at exit); the thread never finalizes MPI
+    itself, which the main thread may be using.
     """
 
-    def __init__(self, owner, executable, args, count, info):
-        self._owner, self._lock, self._done = owner, threading.Lock(), threading.Event()
-        self._given_up, self._made = False, []  # communicators to revoke if given up
-        self.merged = self.error = None
-        try:
-            self._comm = owner._comm.Dup()
-        except owner.MPI.Exception as exc:  # e.g. a rank died just now
-            self.error = exc
-            info.Free()
-            self._done.set()
-            return
-        self._keep(self._comm)
-        threading.Thread(target=self._run, args=(executable, args, count, info),
-                         name="elastic_hvd-spawn", daemon=True).start()
+    #: Seconds between two looks at the merged communicator.
+    WATCH_PERIOD = 0.05
 
-    def _keep(self, comm):
-        comm.Set_errhandler(self._owner.MPI.ERRORS_RETURN)
-        with self._lock:
-            self._made.append(comm)
-            if self._given_up:
-                self._owner._revoke(comm)
+    def __init__(self, MPI, merged):
+        self.merged = merged
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, args=(MPI, threading.main_thread()),
+                                        name="elastic_hvd-join-watch", daemon=True)
+        self._thread.start()
+        atexit.register(self.close)  # before MPI_Finalize (mpi4py's or runtime's)
 
-    def _run(self, executable, args, count, info):
-        owner = self._owner
-        inter = merged = None
-        try:
-            inter = self._comm.Spawn(executable, args, maxprocs=count, info=info, root=0)
-            self._keep(inter)
-            faults.at_spawn()
-            merged = inter.Merge(high=False)
-            self._keep(merged)
-            _connect_all(merged)
-        except Exception as exc:  # noqa: BLE001 - any failure: the spawn did not happen
-            self.error = exc
-            owner._revoke(self._comm)  # free the ranks still inside the spawn
-        finally:
-            info.Free()
-        with self._lock:
-            if self.error is None and not self._given_up:
-                self.merged, merged = merged, None  # handed over
-            elif merged is not None:
-                owner._revoke(merged)  # its joiner gives up
-            self._done.set()
-        for comm in (merged, inter, self._comm):
-            if comm is not None:
-                owner._free(comm)
+    def _watch(self, MPI, main):
+        while not self._stop.wait(self.WATCH_PERIOD):
+            try:
+                self.merged.Iprobe(0, _READY)  # never matches; fails once revoked
+            except MPI.Exception as exc:
+                if self._stop.is_set():  # join() took the communicator over
+                    return
+                print(_leaving_line(_GIVEN_UP.format(exc.Get_error_string())),
+                      file=sys.stderr, flush=True)
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(main.ident),
+                                                           ctypes.py_object(JoinAbandoned))
+                return
 
-    def result(self, timeout):
-        """``(merged communicator, None)``, or ``(None, why)`` if the spawn failed here
-        or did not finish within ``timeout`` seconds."""
-        self._done.wait(timeout)
-        with self._lock:
-            if not self._done.is_set():
-                self._given_up = True
-                for comm in self._made:
-                    self._owner._revoke(comm)
-                return None, f"not done after {timeout:.0f}s (ELASTIC_HVD_SPAWN_TIMEOUT)"
-        return self.merged, self.error
+    def accept(self):
+        """Stop watching and hand the merged communicator over (in ``join()``)."""
+        self.close()
+        return self.merged
+
+    def close(self):
+        """Stop watching (local; idempotent)."""
+        self._stop.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join()
 
 
-class GrowthMixin:
-    """Spawn/adopt (old ranks) and join (new ranks) for :class:`ResilientComm`."""
+class Growth:
+    """The join protocol of ``comm`` (a :class:`ResilientComm`), which delegates its
+    ``spawn``, ``poll_join``, ``abandon_join`` and ``join`` here.
 
-    # -- old ranks ------------------------------------------------------------------
+    ``invitation``: in a process spawned into a running job, its :class:`Invitation`
+    (see :mod:`elastic_hvd.runner.join`); the process is a *joiner* until
+    :meth:`join`.
+    """
+
+    def __init__(self, comm, invitation=None):
+        self.comm = comm
+        self._pending = None
+        self._invitation = invitation
+        self.spawns = 0  # spawns this job made (counted alike on every rank; joiners are told)
+        self.next_id = None if invitation is not None else comm.initial_size  # the next joiner's
+
     @property
-    def join_pending(self):
-        return self._join is not None
+    def joining(self):
+        """True in a spawned process until it has joined."""
+        return self._invitation is not None
 
+    @property
+    def pending(self):
+        """True while spawned processes wait to be adopted (running ranks)."""
+        return self._pending is not None
+
+    # -- running ranks ----------------------------------------------------------------
     def spawn(self, count, hosts=(), oversubscribe=None):
         """Start ``count`` joiners (collective); True if they are on their way.
 
@@ -230,50 +180,41 @@ class GrowthMixin:
         failure during the spawn is repaired as in any collective and the spawn
         reported as not done (False), to be retried later.
         """
-        if self._join is not None or count <= 0:
+        if self._pending is not None or count <= 0:
             return False
-        MPI = self.MPI
+        comm = self.comm
         started = time.perf_counter()
-        comm = self._comm
-        info = MPI.Info.Create()
-        info.Set("wdir", os.getcwd())
-        if hosts:
-            info.Set("host", ",".join(hosts))
-        if oversubscribe if oversubscribe is not None else config.current().oversubscribe:
-            info.Set("map_by", ":OVERSUBSCRIBE")
-        self._spawns += 1
-        executable, args = joiner_command(faults.for_joiner(self._spawns))
-        merged, error = _SpawnCall(self, executable, args, count, info).result(spawn_timeout())
-        agreed = self._agree(comm, 1 if merged is not None else 0)
+        self.spawns += 1
+        merged, error = SpawnCall(comm, count, hosts, oversubscribe,
+                                  faults.for_joiner(self.spawns)).result(spawn_timeout())
+        agreed = comm.agree(1 if merged is not None else 0)
         if agreed == 1:
-            self._join = _Join(merged, merged.Ibarrier(), count, len(self.events), started)
+            self._pending = _Pending(merged, count, len(comm.events), started)
             return True
         if merged is not None:
-            self._revoke(merged)  # the joiners waiting on it give up
-        if agreed is None or comm.Is_revoked():
-            self._repair(started)
-        if error is not None and self.rank == 0:
-            why = error.Get_error_string() if isinstance(error, MPI.Exception) else error
+            comm.revoke(merged)  # the joiners waiting on it give up
+            comm.free(merged)
+        if agreed is None or comm.mpi_comm.Is_revoked():
+            comm.repair(started)
+        if error is not None and comm.rank == 0:
+            why = error.Get_error_string() if isinstance(error, comm.MPI.Exception) else error
             print(f"elastic_hvd: spawning {count} process(es) failed: {why}",
                   file=sys.stderr, flush=True)
         return False
 
-    def poll_join(self):
+    def poll(self):
         """At a step boundary (collective while a join is pending): adopt the joiners
         if they are all ready; returns the growth event then, else None."""
-        join = self._join
-        if join is None:
+        pending = self._pending
+        if pending is None:
             return None
-        MPI = self.MPI
+        comm, MPI = self.comm, self.comm.MPI
         ready = -1
-        if len(self.events) == join.events:
-            try:
-                local = 1 if join.barrier.Test() else 0
-            except MPI.Exception:
-                local = -1
-            ready = self.run(("poll_join",), lambda c: c.allreduce(local, op=MPI.MIN))
-        if len(self.events) != join.events or ready < 0:
-            self.abandon_join()
+        if len(comm.events) == pending.events:
+            local = pending.test(MPI)
+            ready = comm.run(("poll_join",), lambda c: c.allreduce(local, op=MPI.MIN))
+        if len(comm.events) != pending.events or ready < 0:
+            self.abandon()
             return None
         if ready == 0:
             return None
@@ -282,118 +223,113 @@ class GrowthMixin:
         started = time.perf_counter()
         adopted = None
         try:
-            adopted = join.merged.Dup()
+            adopted = pending.merged.Dup()
             adopted.Set_errhandler(MPI.ERRORS_RETURN)
         except MPI.Exception:
             pass
-        agreed = self._agree(self._comm, 1 if adopted is not None else 0)
+        agreed = comm.agree(1 if adopted is not None else 0)
         if agreed != 1:
             if adopted is not None:
-                self._revoke(adopted)
-            self.abandon_join()
+                comm.revoke(adopted)
+                comm.free(adopted)
+            self.abandon()
             if agreed is None:
-                self._repair(started)
+                comm.repair(started)
             return None
-        self._join = None
-        self._free(join.merged)
-        old, old_ids = self._comm, self._ids
-        new_ids = list(range(self._next_id, self._next_id + join.count))
-        self._comm, self._ids = adopted, old_ids + new_ids
-        self._next_id += join.count
-        self._free(old)
-        book = {"ids": self._ids, "old": old_ids, "procs": self._procs, "events": self.events,
-                "initial_size": self.initial_size, "next_id": self._next_id,
-                "min_np": self.min_np, "predictor": self._predictor.state(),
-                "spawns": self._spawns}
+        self._pending = None
+        old_ids = list(comm.ids)
+        new_ids = list(range(self.next_id, self.next_id + pending.count))
+        self.next_id += pending.count
+        comm.free(pending.merged)
+        comm.replace(adopted, old_ids + new_ids)
+        book = {"comm": comm.book(), "ids": old_ids + new_ids, "old": old_ids,
+                "next_id": self.next_id, "spawns": self.spawns}
         try:  # a plain broadcast: a joiner must never wait in an agreement for ranks
             adopted.bcast(book, root=0)  # that might still send it away (see join())
         except MPI.Exception:
             pass  # whoever died is repaired in the next (resilient) exchange
-        return self._welcome(old_ids, join.started, join.spawn_s)
+        comm.settle(adopted)
+        return self._welcome(old_ids, pending.started, pending.spawn_s)
 
-    def abandon_join(self):
-        """Give up the pending join (local; its joiners exit)."""
-        join, self._join = self._join, None
-        if join is not None:
-            self._revoke(join.merged)
-            self._free(join.merged)
+    def abandon(self):
+        """Give up the pending join (local; its joiners exit).  In a process that has
+        not joined: stop watching for the job's verdict (it is about to exit)."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.close(self.comm)
+        if self._invitation is not None:
+            self._invitation.close()
 
-    # -- new ranks ------------------------------------------------------------------
-    @contextlib.contextmanager
-    def rehearsal(self):
-        """Collectives inside run on this process alone (``COMM_SELF``).
-
-        A joining process runs one throw-away training step in a rehearsal, so
-        that it compiles its training function *before* it joins: otherwise the
-        running ranks would wait inside its first step's gradient allreduce for
-        the whole compilation (measured: 15 s for MobileNetV2 on 2 cores).  What
-        the step computes is overwritten by the live state it receives next.
-        """
-        self._rehearsing = True
-        try:
-            yield
-        finally:
-            self._rehearsing = False
-
-    def _init_joiner(self, merged):
-        """State of a joiner before it joins: placeholder ids."""
-        self._comm = merged
-        self._ids = [-1 - r for r in range(merged.size)]
-        self.original_id = self._ids[merged.rank]
-        self.joining = True
-
+    # -- a spawned process ----------------------------------------------------------------
     def join(self):
         """Joiner side: meet the running job and take over its bookkeeping; returns
         the growth event.  If the job gave up on this process (its ranks changed, or
-        training ended first), the process exits quietly: nobody needs it."""
+        training ended first), the process exits: nobody needs it."""
         if not self.joining:
             raise ElasticHvdError("join(): this process is not joining a running job")
-        MPI = self.MPI
+        comm, MPI, merged = self.comm, self.comm.MPI, self._invitation.accept()
         started = time.perf_counter()
-        merged = self._comm
+        adopted = None
         try:
-            merged.Ibarrier().Wait()  # "ready"; a blocking Barrier would not match theirs
-            adopted = merged.Dup()    # "adopted": the ranks committed to this join
+            merged.Send(np.ones(1, dtype=np.int8), dest=0, tag=_READY)
+            adopted = merged.Dup()  # "adopted": the ranks committed to this join
             adopted.Set_errhandler(MPI.ERRORS_RETURN)
             book = adopted.bcast(None, root=0)
         except MPI.Exception as exc:
-            _give_up(f"the running job no longer waits for it ({exc.Get_error_string()})")
-        self._free(merged)
-        self._comm = adopted
-        self._ids = list(book["ids"])
-        self._procs.update(book["procs"])
-        self.events = list(book["events"])
-        self.initial_size, self.min_np = book["initial_size"], book["min_np"]
-        self._next_id, self._spawns = book["next_id"], book["spawns"]
-        self._predictor.load_state(book["predictor"])
-        self.original_id = self._ids[self.rank]
-        event = self._welcome(book["old"], started, 0.0)
-        self.joining = False
-        faults.configure(self.original_id)  # ELASTIC_HVD_FAULTS may name the new id
-        return event
+            leave_unjoined(_GIVEN_UP.format(exc.Get_error_string()),
+                           *(c for c in (adopted, merged) if c is not None))
+        self._invitation = None
+        comm.replace(adopted, book["ids"])  # frees the merged communicator
+        comm.load_book(book["comm"])
+        self.next_id, self.spawns = book["next_id"], book["spawns"]
+        faults.configure(comm.original_id)  # ELASTIC_HVD_FAULTS may name the new id
+        comm.settle(adopted)
+        return self._welcome(book["old"], started, 0.0)
 
-    # -- both -------------------------------------------------------------------------
+    # -- both ---------------------------------------------------------------------------
     def _welcome(self, old_ids, started, spawn_s):
         """Last step of a join, on old and new ranks: exchange hosts and pids (a
-        resilient collective: a failure from here on is repaired like any other) and
-        agree on the one growth event."""
-        label, self.label = self.label, JOIN_LABEL
-        self._quiet = True  # repairs inside the join fold into its one event
-        try:
-            mine = (socket.gethostname(), os.getpid(), spawn_s)
-            everyone = self.run(None, lambda c: c.allgather(mine))
-        finally:
-            self._quiet, self.label = False, label
-        self._procs.update((i, (host, pid)) for i, (host, pid, _) in zip(self._ids, everyone))
+        resilient collective: a failure from here on is repaired like any other,
+        and reported in this event) and record the one growth event."""
+        comm = self.comm
+        with comm.folded(JOIN_LABEL):
+            spawn_times = comm.meet(spawn_s)
+        ids = comm.ids
         event = MembershipEvent(
-            old_size=len(old_ids), new_size=self.size,
-            lost=tuple(i for i in old_ids if i not in self._ids),
-            gained=tuple(i for i in self._ids if i not in old_ids),
-            repair_s=time.perf_counter() - started, sequence=len(self.events) + 1,
-            during=JOIN_LABEL, spawn_s=max(s for *_, s in everyone))
-        self.events.append(event)
-        self._notify(event)
-        if self.size < self.min_np:
-            self._below_min = RanksBelowMinimumError(self.size, self.min_np, event.lost)
-            raise self._below_min
+            old_size=len(old_ids), new_size=comm.size,
+            lost=tuple(i for i in old_ids if i not in ids),
+            gained=tuple(i for i in ids if i not in old_ids),
+            repair_s=time.perf_counter() - started, sequence=len(comm.events) + 1,
+            during=JOIN_LABEL, spawn_s=max(spawn_times))
+        comm.record(event)
         return event
+
+
+_GIVEN_UP = ("the running job gave it up before adopting it (its ranks changed, or training "
+             "ended first; {})")
+_leaving = threading.Lock()
+
+
+def _leaving_line(why):
+    return (f"elastic_hvd: process {os.getpid()}, spawned to join the running job, exits "
+            f"without joining: {why}")
+
+
+def leave_unjoined(why, *comms, finalize=True):
+    """End a spawned process that will never join: one line that says why, then
+    ``MPI_Finalize`` (after freeing ``comms``) and exit status 0.
+
+    Never a bare ``os._exit(0)`` after ``MPI_Init``: mpirun takes a process that
+    exits with status 0 without finalizing for an abnormal termination, prints a
+    long notice and kills every process of the job, the running ranks included
+    (measured; the ranks had already given this process up).  ``finalize=False``
+    is for a process stuck before its merge, which cannot finalize."""
+    _leaving.acquire()  # once: the start-up watchdog's thread or the main thread
+    print(_leaving_line(why), file=sys.stderr, flush=True)
+    if finalize:
+        for comm in comms:
+            with contextlib.suppress(Exception):
+                comm.Free()
+        heartbeat.stop()
+        mpi_env.finalize(mpi_env.CONNECTED_FINALIZE_DEADLINE, lambda: os._exit(0))
+    os._exit(0)

@@ -36,6 +36,8 @@ import sys
 import threading
 import time
 
+from . import mpi_env
+
 _instance = None
 
 
@@ -49,14 +51,10 @@ def progress():
         _instance.tick()
 
 
-def _loaded_library(prefix):
-    """Path of an already loaded shared library whose file name starts with ``prefix``."""
-    with open("/proc/self/maps") as maps:
-        for line in maps:
-            path = line.split()[-1]
-            if os.path.basename(path).startswith(prefix):
-                return path
-    return None
+def stop():
+    """Stop this process's heartbeat, if one runs (before MPI_Finalize)."""
+    if _instance is not None:
+        _instance.stop()
 
 
 class _Timeval(ctypes.Structure):
@@ -74,7 +72,8 @@ class NativeProgress:
     """
 
     def __init__(self, interval):
-        pal_path, ev_path = _loaded_library("libopen-pal.so"), _loaded_library("libevent_core")
+        pal_path = mpi_env.loaded_library("libopen-pal.so")
+        ev_path = mpi_env.loaded_library("libevent_core")
         if not pal_path or not ev_path:
             raise OSError("libopen-pal / libevent_core are not loaded (not Open MPI?)")
         pal, ev = ctypes.CDLL(pal_path), ctypes.CDLL(ev_path)

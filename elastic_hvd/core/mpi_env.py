@@ -7,7 +7,10 @@ train.py`` gets the same failure detector and collective settings as our
 launcher, without any extra flags.  Anything the user set explicitly wins.
 """
 
+import ctypes
 import os
+import sys
+import threading
 
 from . import config
 
@@ -80,3 +83,46 @@ def ulfm_compiled(MPI):
     finally:
         probe.Free()
     return True
+
+
+#: Seconds MPI_Finalize may take, at most, in a process connected to another mpirun
+#: job -- a job that grew, a process spawned into one: it often hangs there (see finalize).
+CONNECTED_FINALIZE_DEADLINE = 3.0
+
+
+def finalize(limit, exit_now):
+    """``MPI_Finalize``; if it has not returned within ``limit`` seconds, say so and
+    call ``exit_now()``, which ends the process without it.
+
+    With Open MPI 5.0.11 + ULFM, ``MPI_Finalize`` hung now and then in its closing
+    PMIx fence after a rank had been killed (how often: docs/measurements.md),
+    although every survivor had finished, and often after a join (the joiners are spawned
+    jobs; ``MPI_Comm_disconnect`` first hung too).  All work is done when it is
+    called, so a process that cannot finalize in time exits anyway (mpirun then
+    still reports the job's status correctly).
+    MPI_Finalize is called through ctypes because ctypes releases the GIL, which
+    the deadline thread needs.
+    """
+    done = threading.Event()
+
+    def deadline():
+        if not done.wait(limit):
+            print(f"elastic_hvd: MPI_Finalize did not return within {limit:.0f}s "
+                  "(an Open MPI race after a rank loss or a join); exiting without it",
+                  file=sys.stderr, flush=True)
+            exit_now()
+
+    threading.Thread(target=deadline, daemon=True).start()
+    ctypes.CDLL(loaded_library("libmpi.so") or "libmpi.so.40").MPI_Finalize()
+    done.set()
+
+
+def loaded_library(prefix):
+    """Path of an already loaded shared library whose file name starts with ``prefix``
+    (found in this process's memory map), or None."""
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            path = line.split()[-1]
+            if os.path.basename(path).startswith(prefix):
+                return path
+    return None

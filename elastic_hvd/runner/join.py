@@ -4,17 +4,70 @@
 The running ranks wait inside ``MPI_Comm_spawn`` until this process has merged
 with them, so it merges first -- before the program imports TensorFlow and
 builds its model, which happens while the running ranks go on training -- and
-only then runs the program, exactly as the original ranks ran it.  The
-environment comes along base64-encoded: a spawned process gets ``mpirun``'s
-environment, not the spawning rank's (``-x`` variables would be missing).
+only then runs the program, exactly as the original ranks ran it.  The merged
+communicator is handed to core (``runtime.set_parent``), whose ``init()`` makes
+this process a joiner.  The environment comes along base64-encoded: a spawned
+process gets ``mpirun``'s environment, not the spawning rank's (``-x`` variables
+would be missing).
 """
 
 import base64
+import contextlib
 import json
 import os
+import signal
 import sys
+import threading
+
+from elastic_hvd.core import faults, mpi_env, runtime
+from elastic_hvd.core.growth import leave_unjoined
+from elastic_hvd.core.spawn import connect_all, spawn_timeout
 
 from .program import run
+
+
+def merge_with_parent(MPI):
+    """The communicator merged with the ranks that spawned this process (None if
+    nobody did), every pair of processes connected.  A process whose spawners gave
+    the spawn up meanwhile exits (``growth.leave_unjoined``)."""
+    intercomm = MPI.Comm.Get_parent()
+    if intercomm == MPI.COMM_NULL:
+        return None
+    intercomm.Set_errhandler(MPI.ERRORS_RETURN)
+    try:
+        merged = intercomm.Merge(high=True)
+    except MPI.Exception as exc:  # the parents abandoned this spawn
+        leave_unjoined(f"merge failed ({exc.Get_error_string()})", intercomm)
+    merged.Set_errhandler(MPI.ERRORS_RETURN)
+    try:
+        connect_all(merged)
+    except MPI.Exception as exc:
+        leave_unjoined(f"could not reach the running job ({exc.Get_error_string()})",
+                       merged, intercomm)
+    intercomm.Free()
+    return merged
+
+
+@contextlib.contextmanager
+def start_up_deadline(seconds):
+    """A spawned process that is not merged within ``seconds`` exits: by then its
+    spawners gave it up, and mpirun would wait for it for ever.
+
+    ``MPI_Init`` runs while the interpreter lock is held, so a watchdog thread
+    cannot act if it hangs there (seen once in about ten runs of the test suite);
+    ``SIGALRM``, whose default action ends the process, can.  Stuck before its
+    merge, the process cannot finalize MPI."""
+    watchdog = threading.Timer(seconds, leave_unjoined,
+                               (f"it was not merged with the running job within {seconds:.0f}s",),
+                               {"finalize": False})
+    watchdog.daemon = True
+    watchdog.start()
+    signal.alarm(int(seconds) + 5)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        watchdog.cancel()
 
 
 def main():
@@ -24,10 +77,13 @@ def main():
         os.environ.setdefault(name, value)
     os.environ["ELASTIC_HVD_PROGRAM"] = json.dumps(program)
 
-    from elastic_hvd.core import faults, growth, mpi_env  # read ELASTIC_HVD_*: after
-    with growth.start_up_deadline():
+    # Settings are read from the environment when first used: from here on.
+    with start_up_deadline(2 * spawn_timeout() + 10):  # the spawners' wait, and margin
         faults.at_joiner_start()  # a fault planned for this process (tests)
-        growth.merge_with_parent(mpi_env.load_mpi())
+        MPI = mpi_env.load_mpi()
+        merged = merge_with_parent(MPI)
+    if merged is not None:
+        runtime.set_parent(MPI, merged)
     run(program)
 
 

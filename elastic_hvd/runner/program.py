@@ -3,14 +3,15 @@
 
 ``elastic-hvd-run`` starts every Python rank through this module, and processes
 spawned to grow the job run it too (they run the ranks' own command line, see
-:func:`elastic_hvd.core.growth.program_argv`).  In ``$ELASTIC_HVD_STATUS_DIR`` each
+:func:`elastic_hvd.core.spawn.program_argv`).  In ``$ELASTIC_HVD_STATUS_DIR`` each
 process writes ``<host>-<pid>.json``: ``{"id": null, "code": null}`` when it starts,
 then its exit code, its original id and the job's members then (original ids)
 when the program *ends by itself* (returns or calls ``sys.exit``).  A process
 killed, crashed, or ended by an uncaught exception (which the runtime turns into
 a crash when other ranks go on, see ``runtime._at_exit``) keeps ``"code": null``:
-it was lost.  An atexit handler could not do this: it does not see
-``SystemExit``'s code.
+it was lost; so does a spawned process that the job gave up before adopting it
+(``growth.JoinAbandoned``): it never was one of the job's ranks.  An atexit
+handler could not do this: it does not see ``SystemExit``'s code.
 """
 
 import json
@@ -61,7 +62,8 @@ def main():
     try:
         run(sys.argv[1:])
     except SystemExit as exc:
-        if path:
+        growth = sys.modules.get("elastic_hvd.core.growth")
+        if path and not (growth and isinstance(exc, growth.JoinAbandoned)):
             _record(path, exit_code(exc.code))
         runtime = sys.modules.get("elastic_hvd.core.runtime")
         if runtime is not None:  # it may have to end the process itself (see _at_exit)

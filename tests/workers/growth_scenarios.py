@@ -1,12 +1,17 @@
 """A training loop on the bare core that grows back (no TensorFlow: fast).
 
-    python growth_scenarios.py <steps> [--die-before-join]
+    python growth_scenarios.py <steps> [--die-before-join | --raise-before-join]
+                               [--joiner-delay SECONDS]
 
 Every step allreduces each rank's contribution into a running total (the
 "model"), after a short sleep (the "compute"), with ``GrowthPolicy.step`` at each
 step boundary; the step that adopts joiners hands them the total and the step
-number.  Every rank, joiners too, reports its view at the end.  With
-``--die-before-join`` the first joiner kills itself while starting up.
+number.  Every rank, joiners too, reports its view at the end (a joiner also what
+it was before it joined).  With ``--die-before-join`` the first joiner kills
+itself while starting up; with ``--raise-before-join`` it calls a collective
+before joining (JoinOrderError, uncaught).  ``--joiner-delay``: every joiner
+spends that long starting up (as one that imports TensorFlow), so that its join
+stays pending meanwhile.
 """
 
 import os
@@ -23,15 +28,23 @@ from elastic_hvd.core import faults
 from elastic_hvd.growth_policy import GrowthPolicy
 
 
-def main(steps, die_before_join=False):
+def main(steps, fail_before_join=None, joiner_delay=0.0):
     comm = core.init()
     policy = GrowthPolicy.from_env()
     policy.retry_steps = 5
     started_at = time.time()
-    if comm.joining and die_before_join:
-        try:  # only the first joiner of the job dies
+    before_join = None
+    if comm.joining:
+        before_join = {"original_id": comm.original_id, "ids": list(comm.ids)}
+        until = time.monotonic() + joiner_delay
+        while time.monotonic() < until:  # busy in Python, as a start-up is
+            time.sleep(0.01)
+    if comm.joining and fail_before_join:
+        try:  # only the first joiner of the job fails
             os.close(os.open(os.path.join(os.environ["TEST_OUT_DIR"], "died"),
                              os.O_CREAT | os.O_EXCL))
+            if fail_before_join == "--raise-before-join":
+                comm.allreduce(np.zeros(1))  # JoinOrderError: not joined yet
             os.kill(os.getpid(), signal.SIGKILL)
         except FileExistsError:
             pass
@@ -56,9 +69,12 @@ def main(steps, die_before_join=False):
     report.write(comm.original_id, ids=list(comm.ids), size=comm.size, total=total.tolist(),
                  expected=expected,
                  joined_at=joined_at, sizes=sizes, pid=os.getpid(), started_at=started_at,
-                 host=socket.gethostname(),
+                 host=socket.gethostname(), before_join=before_join,
                  events=[e.as_dict() for e in comm.events])
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]), "--die-before-join" in sys.argv)
+    args = sys.argv[2:]
+    main(int(sys.argv[1]),
+         next((a for a in args if a in ("--die-before-join", "--raise-before-join")), None),
+         float(args[args.index("--joiner-delay") + 1]) if "--joiner-delay" in args else 0.0)

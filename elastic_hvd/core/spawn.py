@@ -1,0 +1,143 @@
+"""Starting new processes for a running job: the command they run and the spawn itself.
+
+Why a module of its own: *what* a spawned process runs (this program again,
+behind the join wrapper, with this process's environment) and *how* the
+running ranks survive a spawn that never completes are questions of their own,
+apart from the join protocol (:mod:`.growth`) that decides when to spawn and
+what happens with the processes once they are merged.
+"""
+
+import base64
+import json
+import os
+import sys
+import threading
+
+import numpy as np
+
+from . import config, faults
+
+#: Variables of the MPI runtime: they describe the spawning process, not a joiner.
+RUNTIME_PREFIXES = ("PMIX", "PRTE", "OMPI_")
+
+
+def spawn_timeout():
+    """Seconds the running ranks wait for a spawn (start, MPI_Init, merge) before they
+    give it up (``config.spawn_timeout``, 60; normally it takes ~1.5 s)."""
+    return config.current().spawn_timeout
+
+
+def program_argv():
+    """The command line that started this program, for joiners to run it too."""
+    saved = os.environ.get("ELASTIC_HVD_PROGRAM")
+    if saved:
+        return json.loads(saved)
+    argv = list(sys.orig_argv[1:])
+    while argv and argv[0].startswith("-") and argv[0] != "-m":
+        argv.pop(0)  # interpreter options (-u, -O...)
+    return argv
+
+
+def joiner_command(extra_env=None):
+    """(executable, args) to spawn: the join wrapper around this program, carrying
+    this process's environment (spawned processes get mpirun's, not ours)."""
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(RUNTIME_PREFIXES)}
+    environ.update(extra_env or {})
+    env = base64.b64encode(json.dumps(environ).encode()).decode()
+    return sys.executable, ["-m", "elastic_hvd.runner.join", env, *program_argv()]
+
+
+def connect_all(merged):
+    """Open a connection between every pair of the merged processes, now, while
+    they are all alive (both sides of a spawn call it).  Open MPI connects lazily,
+    and its first contact with a process of another job that has died since blocks
+    for ever (in PMIx_Get of the peer's address), freezing the progress engine of
+    the whole rank."""
+    merged.Alltoall(np.zeros(merged.size, dtype=np.int8), np.empty(merged.size, dtype=np.int8))
+
+
+def _spawn_info(MPI, hosts, oversubscribe):
+    """Where the new processes start: this directory, on ``hosts`` if given (else
+    where Open MPI puts them), oversubscribed if asked (default: as the launcher)."""
+    info = MPI.Info.Create()
+    info.Set("wdir", os.getcwd())
+    if hosts:
+        info.Set("host", ",".join(hosts))
+    if oversubscribe if oversubscribe is not None else config.current().oversubscribe:
+        info.Set("map_by", ":OVERSUBSCRIBE")
+    return info
+
+
+class SpawnCall:
+    """One spawn of ``count`` joiners (``MPI_Comm_spawn`` + merge + connect), in a
+    thread of its own on a duplicate of the live communicator of ``comm`` (a
+    :class:`ResilientComm`), so that the running ranks can give it up.  Collective.
+    ``extra_env``: variables for the joiners' environment on top of this process's.
+
+    A new process that never completes ``MPI_Init`` (seen here: one stuck in it;
+    one that dies before it) leaves ``MPI_Comm_spawn`` blocked for ever in the
+    spawning root.  After the timeout every rank revokes the duplicate, which frees
+    the ranks waiting for the root, and goes on; the root's thread stays behind
+    (measured: a later spawn, from a new duplicate, works).
+    """
+
+    def __init__(self, comm, count, hosts=(), oversubscribe=None, extra_env=None):
+        self._owner, self._lock, self._done = comm, threading.Lock(), threading.Event()
+        self._given_up, self._made = False, []  # communicators to revoke if given up
+        self.merged = self.error = None
+        executable, args = joiner_command(extra_env)
+        info = _spawn_info(comm.MPI, hosts, oversubscribe)
+        try:
+            self._comm = comm.mpi_comm.Dup()
+        except comm.MPI.Exception as exc:  # e.g. a rank died just now
+            self.error = exc
+            info.Free()
+            self._done.set()
+            return
+        self._keep(self._comm)
+        threading.Thread(target=self._run, args=(executable, args, count, info),
+                         name="elastic_hvd-spawn", daemon=True).start()
+
+    def _keep(self, comm):
+        comm.Set_errhandler(self._owner.MPI.ERRORS_RETURN)
+        with self._lock:
+            self._made.append(comm)
+            if self._given_up:
+                self._owner.revoke(comm)
+
+    def _run(self, executable, args, count, info):
+        owner = self._owner
+        inter = merged = None
+        try:
+            inter = self._comm.Spawn(executable, args, maxprocs=count, info=info, root=0)
+            self._keep(inter)
+            faults.at_spawn()
+            merged = inter.Merge(high=False)
+            self._keep(merged)
+            connect_all(merged)
+        except Exception as exc:  # noqa: BLE001 - any failure: the spawn did not happen
+            self.error = exc
+            owner.revoke(self._comm)  # free the ranks still inside the spawn
+        finally:
+            info.Free()
+        with self._lock:
+            if self.error is None and not self._given_up:
+                self.merged, merged = merged, None  # handed over
+            elif merged is not None:
+                owner.revoke(merged)  # its joiner gives up
+            self._done.set()
+        for comm in (merged, inter, self._comm):
+            if comm is not None:
+                owner.free(comm)
+
+    def result(self, timeout):
+        """``(merged communicator, None)``, or ``(None, why)`` if the spawn failed here
+        or did not finish within ``timeout`` seconds."""
+        self._done.wait(timeout)
+        with self._lock:
+            if not self._done.is_set():
+                self._given_up = True
+                for comm in self._made:
+                    self._owner.revoke(comm)
+                return None, f"not done after {timeout:.0f}s (ELASTIC_HVD_SPAWN_TIMEOUT)"
+        return self.merged, self.error
