@@ -1,8 +1,12 @@
 """The resilient core under real failures: real mpirun, real signals, hard timeouts."""
 
+import subprocess
+import sys
+
 import pytest
 
-from mpijob import run_job
+from elastic_hvd.runner.launch import find_mpirun
+from mpijob import WORKERS, kill_tree, run_job
 
 pytestmark = pytest.mark.multirank
 
@@ -154,8 +158,27 @@ def test_death_during_init_is_survived(tmp_path, delay):
 
 
 def test_a_bad_setting_stops_every_rank_at_start_naming_the_variable(tmp_path):
+    # elastic-hvd-run checks the settings it passes on before it starts anything.
     job = run_job("core_scenarios.py", "elastic_flag", np=2,
-                  env={"ELASTIC_HVD_STALL_TIMEOUT": "soon"}, tmp_path=tmp_path, expect_rc=None,
+                  env={"ELASTIC_HVD_STALL_TIMEOUT": "soon"}, tmp_path=tmp_path, expect_rc=2,
                   timeout=120)
-    assert job.returncode != 0 and not job.results
-    assert job.output.count("ELASTIC_HVD_STALL_TIMEOUT='soon'") == 2, job.output[-3000:]
+    assert not job.results
+    assert job.output.splitlines() == [
+        "elastic-hvd-run: ELASTIC_HVD_STALL_TIMEOUT='soon': could not convert string to "
+        "float: 'soon' (seconds without progress, while others wait, before a rank kills "
+        "itself (0: off))"], job.output
+    # Under plain mpirun every rank says it (after MPI_Init: a rank that exits before
+    # it makes mpirun kill the others, perhaps before they have said why).
+    out = tmp_path / "plain"
+    out.mkdir()
+    cmd = [find_mpirun(), "-np", "2", "--with-ft", "ulfm", "--allow-run-as-root",
+           "-x", f"TEST_OUT_DIR={out}", "-x", "ELASTIC_HVD_STALL_TIMEOUT=soon",
+           sys.executable, str(WORKERS / "core_scenarios.py"), "elastic_flag"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=120)
+    finally:
+        kill_tree(proc)
+    assert proc.returncode != 0 and not list(out.glob("rank*.json"))
+    assert output.count("ELASTIC_HVD_STALL_TIMEOUT='soon'") == 2, output[-3000:]

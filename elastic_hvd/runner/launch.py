@@ -278,14 +278,13 @@ def exit_status(code, outcomes):
     return 0, None
 
 
-def launch(args, cmd):
+def launch(args, cmd, settings):
     """Run the job once: ``(exit status, the line saying why or None, the host whose
     daemon the runtime lost or None)``."""
     with tempfile.TemporaryDirectory(prefix="elastic_hvd") as status_dir:
         cmd = [cmd[0], "-x", f"ELASTIC_HVD_STATUS_DIR={status_dir}", *cmd[1:]]
         # Members that finished exit within the finalize deadline (runtime._at_exit).
-        exported = dict(item.split("=", 1) for item in args.env if "=" in item)
-        grace = config.from_environ({**os.environ, **exported}).finalize_deadline + 3
+        grace = settings.finalize_deadline + 3
         for attempt in range(1, LAUNCH_ATTEMPTS + 1):
             code, not_started, lost = run_mpirun(cmd, status_dir, grace)
             if not (not_started and attempt < LAUNCH_ATTEMPTS):
@@ -306,13 +305,19 @@ def main(argv=None):
     if args.dry_run:
         print(shlex.join(cmd))
         return 0
+    exported = dict(item.split("=", 1) for item in args.env if "=" in item)
+    try:  # the ranks' settings (ours and -x), checked before anything starts
+        settings = config.from_environ({**os.environ, **exported})
+    except ValueError as exc:
+        print(f"elastic-hvd-run: {exc}", file=sys.stderr)
+        return 2
     keeper = state_replica.Keeper()
     os.environ.update(keeper.environ())  # passed on by name: a secret stays off command lines
     relaunches = 0
     while True:
         cmd[1:1] = ["-x", state_replica.ADDRESS_ENV, "-x", state_replica.SECRET_ENV,
                     "-x", f"{state_replica.LAUNCH_ENV}={relaunches}"]
-        status, why, lost = launch(args, cmd)
+        status, why, lost = launch(args, cmd, settings)
         if lost is None or relaunches >= args.max_relaunches:
             break
         again, why_not = relaunch.without_host(args, lost)
