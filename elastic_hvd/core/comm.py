@@ -306,7 +306,7 @@ class ResilientComm(CollectivesMixin):
         A joining process runs one throw-away training step in a rehearsal, so
         that it compiles its training function *before* it joins: otherwise the
         running ranks would wait inside its first step's gradient allreduce for
-        the whole compilation (measured: 15 s for MobileNetV2 on 2 cores).  What
+        the whole compilation (tens of seconds for MobileNetV2: docs/measurements.md).  What
         the step computes is overwritten by the live state it receives next.
         """
         self._rehearsing = True

@@ -54,7 +54,7 @@ def start_up_deadline(seconds):
     spawners gave it up, and mpirun would wait for it for ever.
 
     ``MPI_Init`` runs while the interpreter lock is held, so a watchdog thread
-    cannot act if it hangs there (seen once in about ten runs of the test suite);
+    cannot act if it hangs there (seen in the test suite: docs/measurements.md);
     ``SIGALRM``, whose default action ends the process, can.  Stuck before its
     merge, the process cannot finalize MPI."""
     watchdog = threading.Timer(seconds, leave_unjoined,

@@ -83,7 +83,7 @@ def _resolve_op(op, average, default=Average):
 def _to_tensor(array, dtype):
     """A tensor of ``array``, without copying it when TF can share its memory.
 
-    ``tf.convert_to_tensor`` copies (about 26 ms for 64 MiB here).  DLPack hands a
+    ``tf.convert_to_tensor`` copies (cost: docs/measurements.md).  DLPack hands a
     fresh result over as it is, but TF aborts the process on memory that is not
     64-byte aligned, so only aligned, writable (i.e. our own) arrays go that way.
     """
@@ -123,7 +123,8 @@ def _numpy_op(name, fn, inputs, tout, collective=True):
             comm.label = outer
             timeline.record(name, started, time.perf_counter())
     many = isinstance(tout, (list, tuple))
-    if tf.executing_eagerly():  # no graph to order: skip py_func's machinery (~0.2 ms a call)
+    # No graph to order: skip py_func's machinery (its cost per call: docs/measurements.md).
+    if tf.executing_eagerly():
         result = call(*[np.asarray(t) for t in inputs])  # zero-copy, read-only views
         if many:
             return [_to_tensor(r, d) for r, d in zip(result, tout)]
