@@ -29,15 +29,10 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from mpijob import job_ranks, run_job  # noqa: E402
+from mpijob import job_ranks, parent_of, run_job  # noqa: E402
 
 HOSTS = "hostA:2,hostB:2,hostC:2"
 FAST_DETECTION = ["--heartbeat-period", "0.5", "--heartbeat-timeout", "2"]
-
-
-def parent_of(pid):
-    with open(f"/proc/{pid}/stat") as f:
-        return int(f.read().rsplit(")", 1)[1].split()[1])
 
 
 def watcher(kind):

@@ -70,6 +70,12 @@ def job_processes(marker, *wanted):
     return sorted(found)
 
 
+def parent_of(pid):
+    """The parent process of ``pid`` (a rank's parent is its host's Open MPI daemon)."""
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
 def job_ranks(marker, host=None):
     """``{MPI_COMM_WORLD rank: pid}`` of the job's ranks started by mpirun (on ``host``)."""
     ranks = {}

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from mpijob import assert_same_weights_every_step, job_ranks, run_job
+from mpijob import assert_same_weights_every_step, job_ranks, parent_of, run_job
 
 pytestmark = [
     pytest.mark.multirank,
@@ -144,11 +144,6 @@ def test_the_checkpoint_writer_moves_to_another_host(tmp_path):
     meta = json.loads((out / "ckpt" / "checkpoint.json").read_text())
     assert (meta["epoch"], meta["host"], meta["writer"]) == (3, "hostB", 2)
     assert [(o["epoch"], o["host"]) for o in meta["older"]][-1] == (1, "hostA")
-
-
-def parent_of(pid):
-    with open(f"/proc/{pid}/stat") as f:
-        return int(f.read().rsplit(")", 1)[1].split()[1])
 
 
 def lose_node(host, after_lines):
