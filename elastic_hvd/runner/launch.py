@@ -292,11 +292,13 @@ def launch(args, cmd, settings):
             print(f"elastic-hvd-run: mpirun could not start (attempt {attempt}); launching again",
                   file=sys.stderr)
         outcomes = read_outcomes(status_dir)
-    if lost is not None:
+    # The same words also come while a job that has finished shuts down (a daemon
+    # gone before mpirun asked): only a job whose members did not all finish was lost.
+    if lost is not None and not members_done(outcomes):
         return relaunch.EXIT_NODE_LOST, (
             f"exit status {relaunch.EXIT_NODE_LOST}: node loss: the MPI runtime lost the daemon "
             f"of host {lost} and ended the whole job (mpirun exit status {code})"), lost
-    return (*exit_status(code, outcomes), None)
+    return (*exit_status(code, outcomes), None)  # (a teardown after the end is no loss)
 
 
 def main(argv=None):
