@@ -464,7 +464,13 @@ class ResilientComm(CollectivesMixin):
         :class:`LeftEarly` and exit, and the others return to retry their call, in
         which the leavers are found gone like any lost rank."""
         self.repair()  # drop whatever a mismatched transfer left
-        self._differ(signature, self.run(None, lambda c: c.allgather(signature)))
+        signatures = self.run(None, lambda c: c.allgather(signature))
+        if any(s != signature for s in signatures):
+            self._differ(signature, signatures)
+            return
+        # Every rank called the same collective: only their predictions differed (they
+        # can after an abandoned join).  Take rank 0's predictor everywhere and retry.
+        self._predictor.load_state(self.run(None, lambda c: c.bcast(self._predictor.state())))
 
     def _differ(self, signature, signatures):
         leaving = [s == LEAVE for s in signatures]
