@@ -14,8 +14,8 @@ from mpijob import assert_same_weights_every_step, job_ranks, parent_of, run_job
 
 pytestmark = [
     pytest.mark.multirank,
-    pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"),
-                       reason="simulated hosts need root and unshare"),
+    pytest.mark.skipif(os.geteuid() != 0 or not (shutil.which("unshare") and shutil.which("ip")),
+                       reason="simulated hosts need root, unshare and ip"),
 ]
 
 
