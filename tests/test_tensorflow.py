@@ -74,6 +74,23 @@ def test_after_a_kill_in_fit_survivors_average_over_survivors(tmp_path):
             assert delta == pytest.approx(expected, rel=1e-6)
 
 
+def test_gradients_keep_the_forward_pass_membership_after_a_loss(tmp_path):
+    # Rank 1 dies between the forward collectives and their gradients: each survivor
+    # still gets the rows it gave to the gather (not a slice of the new membership),
+    # and the broadcast's gradient goes to the forward pass's root, original rank 2
+    # (now rank 1), not to whoever has rank 2 now.
+    job = run_job("tf_scenarios.py", "gradients_after_a_loss", np=4, tmp_path=tmp_path,
+                  timeout=300)
+    assert sorted(job.results) == [0, 2, 3], job.output[-3000:]
+    w_gather = np.arange(20, dtype=np.float32).reshape(10, 2)
+    starts = {0: 0, 2: 3, 3: 6}  # rows 0 | 1-2 (rank 1) | 3-5 | 6-9
+    for me, r in job.results.items():
+        assert r["ids"] == [0, 2, 3]
+        np.testing.assert_array_equal(r["grad_x"], w_gather[starts[me]:starts[me] + me + 1])
+        expected_v = [1.0, 2.0, 3.0] if me == 2 else [0.0, 0.0, 0.0]
+        assert r["grad_v"] == expected_v, (me, r["grad_v"])
+
+
 def test_distributed_gradient_tape_in_tf_function(tmp_path):
     job = run_job("tf_scenarios.py", "tape_loop", 5, np=2, tmp_path=tmp_path, timeout=300)
     assert len({r["digest"] for r in job.results.values()}) == 1

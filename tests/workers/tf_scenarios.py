@@ -125,6 +125,26 @@ def tape_loop(steps="5"):
     report.write(runtime.current().original_id, digest=digest(model.get_weights()))
 
 
+def gradients_after_a_loss():
+    """Forward: an allgather (rank r gives r + 1 rows) and a broadcast from rank 2.
+    Then original rank 1 SIGKILLs itself, so the backward pass's allreduces repair
+    and run on three ranks: each survivor reports the gradients it got."""
+    comm = runtime.current()
+    me = comm.original_id
+    x = tf.Variable(np.full((me + 1, 2), float(me), dtype=np.float32))
+    v = tf.Variable(np.full(3, float(me), dtype=np.float32))
+    w_gather = tf.constant(np.arange(20, dtype=np.float32).reshape(10, 2))  # 1+2+3+4 rows
+    w_bcast = tf.constant([1.0, 2.0, 3.0])
+    with tf.GradientTape() as tape:
+        loss = (tf.reduce_sum(w_gather * hvd_tf.allgather(x))
+                + tf.reduce_sum(w_bcast * hvd_tf.broadcast(v, root_rank=2)))
+    if me == 1:
+        os.kill(os.getpid(), 9)
+    grad_x, grad_v = tape.gradient(loss, [x, v])
+    report.write(me, grad_x=grad_x.numpy().tolist(), grad_v=grad_v.numpy().tolist(),
+                 ids=list(comm.ids), loss=float(loss))
+
+
 def training_state(phase, directory):
     """One training state, three uses.  Phase "save": train, rescale the rate as a
     membership change would, checkpoint mid-epoch, and check hvd.elastic's commit /
