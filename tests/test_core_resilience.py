@@ -125,6 +125,30 @@ def test_error_on_one_rank_is_raised_on_every_rank(tmp_path):
     assert all(r["after"] == [4, 4] for r in job.results.values())
 
 
+def test_error_whose_only_holder_dies_before_saying_it_is_still_an_error(tmp_path):
+    # Rank 1's call fails locally and rank 1 dies once the ranks agreed on the failure,
+    # before it could tell them why: the others get a RemoteCollectiveError that says so
+    # (it used to be a StopIteration out of the message lookup), then go on without it.
+    job = run_job("core_scenarios.py", "error_holder_dies", tmp_path=tmp_path)
+    assert sorted(job.results) == [0, 2, 3], job.output[-3000:]
+    for r in job.results.values():
+        assert r["error"] == ["RemoteCollectiveError", "the collective failed on a rank that "
+                              "was lost before it could report the error"], r
+        assert r["after"] == [3, 3]
+
+
+def test_agreement_and_shrink_errors_that_are_not_failures_are_plain_errors(tmp_path):
+    # A communicator freed under the core: MPI_ERR_COMM from the agreement and from the
+    # shrink, which must arrive as ElasticHvdError naming the call, not as a raw MPI error
+    # (its message used to ask the broken communicator for its rank, and raised that).
+    job = run_job("core_scenarios.py", "local_mpi_errors", np=2, tmp_path=tmp_path)
+    for me, r in job.results.items():
+        agree, repair = r["errors"]["agree"], r["errors"]["repair"]
+        assert agree == ["ElasticHvdError", f"MPI_Comm_agree failed on original rank {me}: "
+                         "MPI_ERR_COMM: invalid communicator"], agree
+        assert repair[0] == "ElasticHvdError" and "MPI_Comm_shrink failed" in repair[1], repair
+
+
 def test_without_ulfm_warns_and_still_works(tmp_path):
     job = run_job("core_scenarios.py", "elastic_flag", np=2, launcher=["--no-ft"],
                   tmp_path=tmp_path)

@@ -265,7 +265,7 @@ class ResilientComm(CollectivesMixin):
             # value.  Revoke, so that none of them goes on with this rank unawares
             # (their next collective repairs), and raise here.
             self.revoke(comm)
-            raise ElasticHvdError(f"MPI_Comm_agree failed on rank {comm.rank}: "
+            raise ElasticHvdError(f"MPI_Comm_agree failed on original rank {self.original_id}: "
                                   f"{exc.Get_error_string()}") from exc
 
     # -- the interface of the join protocol (.growth) ---------------------------------
@@ -435,7 +435,8 @@ class ResilientComm(CollectivesMixin):
             new = comm.Shrink()
         except self.MPI.Exception as exc:
             raise ElasticHvdError(f"cannot repair the communicator: MPI_Comm_shrink failed on "
-                                  f"rank {comm.rank}: {exc.Get_error_string()}") from exc
+                                  f"original rank {self.original_id}: "
+                                  f"{exc.Get_error_string()}") from exc
         new.Set_errhandler(self.MPI.ERRORS_RETURN)
         self.settle(new)
         return new

@@ -111,6 +111,28 @@ def application_error(comm):
     report.write(comm.original_id, error=error, after=after.tolist())
 
 
+def error_holder_dies(comm):
+    """As application_error, but rank 1 is SIGKILLed once the ranks agreed that the
+    call failed and before it could tell them why (its repair is where it dies)."""
+    if comm.original_id == 1:
+        comm.repair = lambda *args, **kwargs: os.kill(os.getpid(), signal.SIGKILL)
+    application_error(comm)
+
+
+def local_mpi_errors(comm):
+    """An agreement and a shrink on a communicator freed under the core's feet fail
+    with a non-failure MPI error (MPI_ERR_COMM): each must be a plain error here."""
+    comm.mpi_comm.Free()
+    errors = {}
+    for name, call in (("agree", lambda: comm.agree(1)), ("repair", comm.repair)):
+        try:
+            call()
+            errors[name] = None
+        except Exception as exc:
+            errors[name] = [type(exc).__name__, str(exc)]
+    report.write(comm.original_id, errors=errors)
+
+
 def elastic_flag(comm):
     report.write(comm.original_id, elastic=comm.elastic)
 
