@@ -149,6 +149,15 @@ def test_agreement_and_shrink_errors_that_are_not_failures_are_plain_errors(tmp_
         assert repair[0] == "ElasticHvdError" and "MPI_Comm_shrink failed" in repair[1], repair
 
 
+def test_a_retired_communicators_agreement_never_answers_a_new_one(tmp_path):
+    # Open MPI 5.0.x keeps a freed communicator's last agreement and reuses its CID:
+    # with MPI_Comm_free in place of retire, rank 1 agreed 5 here and rank 0 hung.
+    job = run_job("core_scenarios.py", "retired_agreement_names", np=3, tmp_path=tmp_path,
+                  timeout=60)
+    assert {r: job.results[r]["agreed"] for r in job.results} == {0: 3, 1: 3, 2: None}
+    assert "cycling of identifiers" not in job.output
+
+
 def test_without_ulfm_warns_and_still_works(tmp_path):
     job = run_job("core_scenarios.py", "elastic_flag", np=2, launcher=["--no-ft"],
                   tmp_path=tmp_path)

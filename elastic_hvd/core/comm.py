@@ -30,7 +30,7 @@ import traceback
 
 import numpy as np
 
-from . import faults
+from . import faults, mpi_env
 from .collectives import CollectivesMixin
 from .errors import (ElasticHvdError, JoinOrderError, MismatchError, RanksBelowMinimumError,
                      RemoteCollectiveError)
@@ -328,12 +328,10 @@ class ResilientComm(CollectivesMixin):
         except self.MPI.Exception:
             pass
 
-    def free(self, comm):
-        """Free an mpi4py communicator we are done with; one with dead members may refuse."""
-        try:
-            comm.Free()
-        except self.MPI.Exception:
-            pass
+    def retire(self, comm):
+        """Be done with an mpi4py communicator without freeing it (see
+        :func:`.mpi_env.retire`: a freed one makes later agreements unreliable)."""
+        mpi_env.retire(comm)
 
     def settle(self, new):
         """Wait until every live member of ``new``, a communicator just created, has
@@ -352,11 +350,11 @@ class ResilientComm(CollectivesMixin):
 
     def replace(self, new, ids):
         """Make ``new`` (an mpi4py communicator) the live one, ``ids`` the original id
-        of each of its ranks; the old one is freed."""
+        of each of its ranks; the old one is retired."""
         old = self._comm
         self._comm, self._ids, self.original_id = new, list(ids), ids[new.rank]
         if old is not new:
-            self.free(old)
+            self.retire(old)
 
     def book(self):
         """The bookkeeping a process that joins takes over (picklable): hosts and

@@ -26,7 +26,7 @@ layer's business: see ``keras_callbacks.growth``.
 Why an object beside the communicator rather than part of it: the protocol has
 state of its own (the pending join, the spawn count, the next free original
 id) and uses the communicator only through its public interface -- agree,
-repair, revoke/free, replace the live communicator, export/import its book --
+repair, revoke/retire, replace the live communicator, export/import its book --
 so neither reaches into the other.
 
 Why the ready signal is a point-to-point message and not a non-blocking barrier:
@@ -77,13 +77,13 @@ class _Pending:
             return -1
 
     def close(self, comm):
-        """Revoke the merged communicator (its joiners give up) and free it."""
+        """Revoke the merged communicator (its joiners give up) and retire it."""
         comm.revoke(self.merged)
         for request in self._ready:
             with contextlib.suppress(comm.MPI.Exception):
                 request.Cancel()
                 request.Wait()
-        comm.free(self.merged)
+        comm.retire(self.merged)
 
 
 class JoinAbandoned(SystemExit):
@@ -193,7 +193,7 @@ class Growth:
             return True
         if merged is not None:
             comm.revoke(merged)  # the joiners waiting on it give up
-            comm.free(merged)
+            comm.retire(merged)
         if agreed is None or comm.mpi_comm.Is_revoked():
             comm.repair(started)
         if error is not None and comm.rank == 0:
@@ -231,7 +231,7 @@ class Growth:
         if agreed != 1:
             if adopted is not None:
                 comm.revoke(adopted)
-                comm.free(adopted)
+                comm.retire(adopted)
             self.abandon()
             if agreed is None:
                 comm.repair(started)
@@ -240,7 +240,7 @@ class Growth:
         old_ids = list(comm.ids)
         new_ids = list(range(self.next_id, self.next_id + pending.count))
         self.next_id += pending.count
-        comm.free(pending.merged)
+        comm.retire(pending.merged)
         comm.replace(adopted, old_ids + new_ids)
         book = {"comm": comm.book(), "ids": old_ids + new_ids, "old": old_ids,
                 "next_id": self.next_id, "spawns": self.spawns}
@@ -279,7 +279,7 @@ class Growth:
             leave_unjoined(_GIVEN_UP.format(exc.Get_error_string()),
                            *(c for c in (adopted, merged) if c is not None))
         self._invitation = None
-        comm.replace(adopted, book["ids"])  # frees the merged communicator
+        comm.replace(adopted, book["ids"])  # retires the merged communicator
         comm.load_book(book["comm"])
         self.next_id, self.spawns = book["next_id"], book["spawns"]
         faults.configure(comm.original_id)  # ELASTIC_HVD_FAULTS may name the new id

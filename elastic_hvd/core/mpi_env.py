@@ -81,8 +81,31 @@ def ulfm_compiled(MPI):
     except MPI.Exception as exc:  # an MPI without ULFM answers ERR_UNSUPPORTED_OPERATION
         return exc.Get_error_class() != MPI.ERR_UNSUPPORTED_OPERATION
     finally:
-        probe.Free()
+        retire(probe)
     return True
+
+
+_retired = []
+
+
+def retire(comm):
+    """Be done with an mpi4py communicator but never ``MPI_Comm_free`` it.
+
+    Open MPI 5.0.x's agreement (ERA) names an agreement by the communicator's
+    context id (CID), an epoch and a per-communicator sequence number, and keeps
+    the last agreement of a freed communicator in its history until
+    ``MPI_Finalize`` (its free hook is compiled out).  A freed CID is handed to the
+    next new communicator; if that one also gets the same epoch (the epoch comes
+    from how many communicators each member has made: a spawned process lags), its
+    agreements reuse the old names, and a rank that a peer asks before entering
+    the new agreement answers with the *old* value.  Seen here as agreed outcomes
+    that no live rank contributed (a MismatchError between ranks that called the
+    same collective; a RemoteCollectiveError that no rank holds) after a join was
+    abandoned, and as ERA's "removing old agreement ... due to cycling of
+    identifiers" warning.  A CID that is never freed is never reused.  The cost:
+    one communicator's memory per repair or join, kept until the process exits.
+    """
+    _retired.append(comm)
 
 
 #: Seconds MPI_Finalize may take, at most, in a process connected to another mpirun

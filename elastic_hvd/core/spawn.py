@@ -128,7 +128,7 @@ class SpawnCall:
             self._done.set()
         for comm in (merged, inter, self._comm):
             if comm is not None:
-                owner.free(comm)
+                owner.retire(comm)
 
     def result(self, timeout):
         """``(merged communicator, None)``, or ``(None, why)`` if the spawn failed here

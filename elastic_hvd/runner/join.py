@@ -44,7 +44,7 @@ def merge_with_parent(MPI):
     except MPI.Exception as exc:
         leave_unjoined(f"could not reach the running job ({exc.Get_error_string()})",
                        merged, intercomm)
-    intercomm.Free()
+    mpi_env.retire(intercomm)
     return merged
 
 

@@ -133,6 +133,34 @@ def local_mpi_errors(comm):
     report.write(comm.original_id, errors=errors)
 
 
+def retired_agreement_names(comm):
+    """The one layout in which a freed communicator's last agreement answers a new
+    one (see ``mpi_env.retire``): rank 2 made one communicator more than the others
+    (that count sets the epoch), all agree 5 on a duplicate that is then retired,
+    and a new communicator of ranks 0 and 1 agrees 3, rank 1 entering first while
+    rank 0 makes MPI progress elsewhere.  A freed CID is reused with the same
+    epoch and sequence number: rank 1 then got 5 and rank 0 hung (measured)."""
+    MPI, world = comm.MPI, comm.mpi_comm
+    if comm.original_id == 2:
+        MPI.COMM_SELF.Dup().Free()
+    old = world.Dup()
+    old.Set_errhandler(MPI.ERRORS_RETURN)
+    old.Agree(5)
+    comm.retire(old)
+    agreed = None
+    if comm.original_id < 2:
+        new = world.Create_group(world.Get_group().Incl([0, 1]))
+        new.Set_errhandler(MPI.ERRORS_RETURN)
+        if comm.original_id == 0:
+            until = time.monotonic() + 1.0
+            while time.monotonic() < until:
+                MPI.COMM_SELF.Iprobe()
+                time.sleep(0.001)
+        agreed = new.Agree(3)
+        comm.retire(new)
+    report.write(comm.original_id, agreed=agreed)
+
+
 def elastic_flag(comm):
     report.write(comm.original_id, elastic=comm.elastic)
 
