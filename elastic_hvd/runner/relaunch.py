@@ -1,6 +1,6 @@
 """Node loss: recognising the runtime's teardown, and the hosts to relaunch on.
 
-Open MPI 5.0.11's runtime (PRRTE 3.0.11) ends the whole job when it loses a
+Open MPI 5.0.11's runtime (PRRTE 3.0.14) ends the whole job when it loses a
 node's daemon -- unconditionally, before any survivor sees an MPI error -- and
 ``mpirun`` then exits 0.  Such a failure cannot be repaired in place: the
 launcher says so in one line and starts the job again without that host; the
