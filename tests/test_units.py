@@ -18,6 +18,7 @@ from elastic_hvd.core.collectives import CollectivesMixin
 from elastic_hvd.growth_policy import GrowthPolicy, parse_hosts, read_hostfile
 from elastic_hvd.core.membership import MembershipEvent
 from elastic_hvd.core.ops import ReduceOp, check_op, mpi_ops
+from elastic_hvd.runner import relaunch
 from elastic_hvd.core.session import Session
 from elastic_hvd.sharding import ElasticSampler
 
@@ -519,3 +520,19 @@ def test_gradient_groups_partition_by_variable_or_round_robin(tf_ops):
                 {"num_groups": 2, "groups": [[v[0]]]}):
         with pytest.raises(ValueError):
             GradientReducer(**bad)
+
+
+def test_a_relaunch_goes_where_the_discovery_points_else_to_the_hosts_named(tmp_path):
+    args = types.SimpleNamespace(hosts="hostA:2,hostB:2,hostC:2", hostfile=None, np=4,
+                                 min_np=None, host_discovery_script=None)
+    again, _ = relaunch.without_host(args, "hostA")
+    assert (again.hosts, again.np) == ("hostB:2,hostC:2", 4)
+    script = tmp_path / "discover.sh"  # hostB went bad: only hostA and hostC are offered
+    script.write_text("#!/bin/sh\necho hostA:2\necho hostC:2\n")
+    script.chmod(0o755)
+    args.host_discovery_script = str(script)
+    again, _ = relaunch.without_host(args, "hostA")
+    assert (again.hosts, again.np) == ("hostC:2", 2)
+    script.write_text("#!/bin/sh\nexit 1\n")  # a discovery failing now: the hosts named
+    again, _ = relaunch.without_host(args, "hostC")
+    assert (again.hosts, again.np) == ("hostA:2,hostB:2", 4)

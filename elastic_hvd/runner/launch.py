@@ -82,7 +82,8 @@ def parser():
                                     "(e.g. 'rank=1,step=20,signal=KILL')")
     p.add_argument("--max-relaunches", type=int, default=3,
                    help="when the MPI runtime ends the job for a lost node, start it again "
-                        "without that host (from -H / --hostfile), at most this many times; "
+                        "without that host (on what the host discovery offers, else -H / "
+                        "--hostfile), at most this many times; "
                         "the script resumes from the newest state (default 3; 0: never)")
     p.add_argument("--mpi-args", default="", help="extra arguments for mpirun (one string)")
     p.add_argument("--as-horovod", action="store_true",

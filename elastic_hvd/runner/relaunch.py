@@ -10,8 +10,9 @@ checkpoint).
 
 import copy
 import re
+import subprocess
 
-from ..growth_policy import parse_hosts, read_hostfile
+from ..growth_policy import discover_hosts, parse_hosts, read_hostfile
 
 #: Exit status of a job the runtime ended for a lost node, when it is not relaunched.
 EXIT_NODE_LOST = 4
@@ -28,7 +29,14 @@ def lost_daemon_host(output):
 
 
 def hosts_of(args):
-    """``{host: slots}`` the launch named (``-H`` or ``--hostfile``); {} if neither."""
+    """``{host: slots}`` to relaunch on: what the host discovery offers now, if the
+    launch has one (it knows which hosts went bad: a relaunch must not return to
+    them), else what the launch named (``-H`` or ``--hostfile``); {} if nothing."""
+    if args.host_discovery_script:
+        try:
+            return discover_hosts(args.host_discovery_script)
+        except (OSError, ValueError, subprocess.SubprocessError):
+            pass  # a discovery that fails now: fall back on the hosts named
     if args.hosts:
         return parse_hosts(args.hosts.replace(",", "\n"))
     if args.hostfile:
@@ -41,8 +49,9 @@ def without_host(args, lost):
     there is none (``(args, None)`` or ``(None, why)``)."""
     hosts = hosts_of(args)
     if not hosts:
-        return None, ("the hosts are not known to the launcher (give them with -H or "
-                      "--hostfile to have it relaunch without the lost one)")
+        return None, ("the hosts are not known to the launcher (give them with -H, "
+                      "--hostfile or --host-discovery-script to have it relaunch without "
+                      "the lost one)")
     hosts.pop(lost, None)
     slots = sum(hosts.values())
     size = min(args.np or slots, slots)
