@@ -161,3 +161,13 @@ def test_without_chaining_a_tf1_graph_mismatches(tmp_path):
                   timeout=300, env=ORDER_ENV, expect_rc=None)
     failures = [f for r in job.results.values() for f in r["failures"]]
     assert failures or job.returncode != 0, job.output[-3000:]
+
+
+def test_a_second_fit_does_not_rebroadcast_and_hide_a_drift(tmp_path):
+    # Class 4 of issue 10: the callback broadcast at every fit() (and fit_elastic runs one
+    # per epoch), silently re-synchronising ranks that had diverged.  Once per instance,
+    # as Horovod's: the drift stays visible.
+    job = run_job("tf_scenarios.py", "second_fit_same_broadcast", np=2, tmp_path=tmp_path)
+    results = job.results
+    assert results[0]["first"] == results[1]["first"]  # the first fit did broadcast
+    assert results[0]["second"] != results[1]["second"]

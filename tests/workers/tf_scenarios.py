@@ -83,6 +83,26 @@ class StepDeltas(keras.callbacks.Callback):
         self.sizes.append(hvd.size())
 
 
+def second_fit_same_broadcast():
+    """Two ``fit()`` calls with one BroadcastGlobalVariablesCallback; between them
+    rank 1's weights drift (as a bug would make them).  Report each rank's weights
+    after the second fit: a callback that broadcast again would hide the drift."""
+    hvd.init()
+    rng = np.random.default_rng(hvd.rank())
+    x = rng.normal(size=(64, 8)).astype(np.float32)
+    y = rng.normal(size=(64, 3)).astype(np.float32)
+    model = small_model(seed=hvd.rank())  # different starts: the first broadcast unifies
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.1)), loss="mse")
+    broadcast = hvd.callbacks.BroadcastGlobalVariablesCallback(0)
+    model.fit(x, y, batch_size=16, epochs=1, callbacks=[broadcast], verbose=0)
+    first = digest(model.get_weights())
+    if hvd.rank() == 1:
+        kernel = model.layers[0].kernel
+        kernel.assign(kernel + 1.0)
+    model.fit(x, y, batch_size=16, epochs=1, callbacks=[broadcast], verbose=0)
+    report.write(hvd.rank(), first=first, second=digest(model.get_weights()))
+
+
 def fit_gradient_scale(steps="12"):
     """Loss = mean(x @ w) with x = c_r on rank r: each step moves w by -lr * mean(c_live)."""
     steps = int(steps)
