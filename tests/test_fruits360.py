@@ -2,6 +2,7 @@
 one kill."""
 
 import json
+import re
 
 import pytest
 
@@ -26,3 +27,9 @@ def test_tiny_fruits360_survives_a_kill(tmp_path):
     png = (out / "training.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
     assert "final test accuracy" in job.output
+    # One epoch numbering: the live line, the summary, the event log and the table's
+    # first epoch on 2 ranks name the same epoch (the summary used to add one).
+    live = re.search(r"\] epoch (\d+) step (\d+): lost", job.output)
+    summary = re.search(r"membership change +: epoch (\d+) step (\d+):", job.output)
+    assert live.groups() == summary.groups() == (str(event["epoch"]), str(event["step"]))
+    assert event["epoch"] == next(e["epoch"] for e in result["epochs"] if e["ranks"] == 2)

@@ -116,7 +116,7 @@ def summary(result_path, report, events, plot_path, events_path):
     ]
     for e in events:
         what, took = describe(e)
-        lines.append(f"membership change   : epoch {e['epoch'] + 1} step {e['step']}: {what}, "
+        lines.append(f"membership change   : epoch {e['epoch']} step {e['step']}: {what}, "
                      f"{e['old_size']} -> {e['new_size']} ranks, {took}, lr {e['lr_before']:.4g} "
                      f"-> {e['lr_after']:.4g}")
     if not events:
