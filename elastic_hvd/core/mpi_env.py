@@ -104,6 +104,8 @@ def retire(comm):
     abandoned, and as ERA's "removing old agreement ... due to cycling of
     identifiers" warning.  A CID that is never freed is never reused.  The cost:
     one communicator's memory per repair or join, kept until the process exits.
+    (ERA keeps only a CID's low 16 bits: names could meet again after some 65 000
+    communicators, tens of thousands of repairs and joins away.)
     """
     _retired.append(comm)
 
