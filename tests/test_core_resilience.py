@@ -149,6 +149,16 @@ def test_agreement_and_shrink_errors_that_are_not_failures_are_plain_errors(tmp_
         assert repair[0] == "ElasticHvdError" and "MPI_Comm_shrink failed" in repair[1], repair
 
 
+def test_an_agreed_error_that_no_rank_holds_is_run_again(tmp_path):
+    # Every rank is told the allreduce failed, nobody holds an error and nobody was
+    # lost: a contradiction (Open MPI's agreement), not a reason to end the job.
+    job = run_job("core_scenarios.py", "contradictory_agreement", np=3, tmp_path=tmp_path)
+    assert sorted(job.results) == [0, 1, 2]
+    assert all(r["right"] and r["ids"] == [0, 1, 2] and r["forced"] == [11]
+               for r in job.results.values()), job.results
+    assert job.output.count("an outcome that no rank contributed") == 1
+
+
 def test_a_retired_communicators_agreement_never_answers_a_new_one(tmp_path):
     # Open MPI 5.0.x keeps a freed communicator's last agreement and reuses its CID:
     # with MPI_Comm_free in place of retire, rank 1 agreed 5 here and rank 0 hung.

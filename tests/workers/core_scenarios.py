@@ -13,6 +13,7 @@ import numpy as np
 
 import report
 from elastic_hvd import core
+from elastic_hvd.core import comm as comm_module
 
 MIB = 1024 * 1024
 
@@ -131,6 +132,27 @@ def local_mpi_errors(comm):
         except Exception as exc:
             errors[name] = [type(exc).__name__, str(exc)]
     report.write(comm.original_id, errors=errors)
+
+
+def contradictory_agreement(comm):
+    """The agreement on an allreduce's outcome says, on every rank, that it failed
+    with an error that no rank holds -- as Open MPI's agreement did, rarely, with no
+    rank lost.  Not a process failure, so no process is killed: the agreed value is
+    replaced once.  The ranks must run the allreduce again and get the right sum."""
+    real, forced = comm._agree, []
+
+    def agree(mpi_comm, flag, timeout=None):
+        value = real(mpi_comm, flag, timeout)
+        if flag & comm_module._POST and not forced:  # the allreduce's outcome
+            forced.append(value)
+            return comm_module._POST
+        return value
+
+    comm._agree = agree
+    total = comm.allreduce(contribution(comm.original_id, 1000))
+    expected = sum(contribution(i, 1000) for i in range(comm.size))
+    report.write(comm.original_id, right=bool(np.array_equal(total, expected)),
+                 forced=forced, ids=list(comm.ids))
 
 
 def retired_agreement_names(comm):
