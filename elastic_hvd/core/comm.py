@@ -226,7 +226,7 @@ class ResilientComm(CollectivesMixin):
                     self._predictor.record(signature)
                 return result
             if not agreed & _CLEAN:
-                self._raise_application_error(error if not flag & _CLEAN else None)
+                self._application_error(error if not flag & _CLEAN else None)
                 continue  # no rank had an error: retried on the repaired communicator
             self.repair(started)
 
@@ -491,7 +491,7 @@ class ResilientComm(CollectivesMixin):
         with no detection delay and no ``MismatchError``."""
         self.run(LEAVE, lambda comm: comm.Barrier())
 
-    def _raise_application_error(self, error):
+    def _application_error(self, error):
         """The ranks agreed that the collective failed with an error other than a
         process failure: raise it on every rank (this rank's own, or the first
         holder's as RemoteCollectiveError).

@@ -9,8 +9,8 @@ from .comm import LeftEarly, ResilientComm
 from .errors import ElasticHvdError, NotInitializedError
 from .growth import Invitation
 from .heartbeat import Heartbeat
-from . import mpi_env
-from .mpi_env import CONNECTED_FINALIZE_DEADLINE, finalize, ft_enabled, load_mpi, ulfm_compiled
+from .mpi_env import (CONNECTED_FINALIZE_DEADLINE, finalize, ft_enabled, load_mpi, retire,
+                      ulfm_compiled)
 from .session import Session
 
 _current = None
@@ -212,5 +212,5 @@ def shutdown():
     global _current, _session
     _leave_together()
     if _current is not None:
-        mpi_env.retire(_current.mpi_comm)
+        retire(_current.mpi_comm)
     _current = _session = None
