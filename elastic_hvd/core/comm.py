@@ -18,6 +18,10 @@ history predicts (see :mod:`.signature`); a rank on the slow path that waits too
 long for the others revokes the communicator, which frees any rank that went on
 to a data transfer: its agreement then shows the phase mix and every rank raises
 :class:`MismatchError` instead of hanging.
+
+Every agreed value is stamped and checked (see :mod:`.freshness`): a value that
+belongs to another agreement, and every other outcome the protocol rules out, is
+an *anomaly* -- never acted on, always said.
 """
 
 import contextlib
@@ -25,15 +29,17 @@ import os
 import signal
 import socket
 import sys
+import threading
 import time
 import traceback
 
 import numpy as np
 
-from . import faults, mpi_env
+from . import config, faults, mpi_env
 from .collectives import CollectivesMixin
 from .errors import (ElasticHvdError, JoinOrderError, MismatchError, RanksBelowMinimumError,
                      RemoteCollectiveError)
+from .freshness import OUTCOME_MASK, Anomalies, Stamps
 from .growth import Growth
 from .membership import Listeners, MembershipEvent
 from .signature import SignaturePredictor
@@ -42,6 +48,9 @@ from .signature import SignaturePredictor
 LEAVE = ("leave",)
 #: Seconds a leaving rank waits for the others before it interrupts whatever they run.
 LEAVE_TIMEOUT = 1.0
+#: Seconds (times 1 + the rank) an anomaly's repair may take before the rank ends
+#: itself as a crash (see ResilientComm._anomaly).
+ANOMALY_REPAIR_DEADLINE = 5.0
 
 # Bits of the agreement flag (MPI_Comm_agree computes their AND over survivors).
 _OK = 1      # the attempt completed on this rank
@@ -61,7 +70,7 @@ class ResilientComm(CollectivesMixin):
     """
 
     def __init__(self, MPI, comm, *, min_np=1, mismatch_timeout=5.0, elastic=True,
-                 heartbeat=None, invitation=None):
+                 heartbeat=None, invitation=None, strict=None):
         self.MPI = MPI
         self._failure_classes = (MPI.ERR_PROC_FAILED, MPI.ERR_PROC_FAILED_PENDING,
                                  MPI.ERR_REVOKED)
@@ -72,6 +81,12 @@ class ResilientComm(CollectivesMixin):
         self.listeners = Listeners()
         self.events = []
         self._predictor = SignaturePredictor()
+        self._stamps = Stamps()
+        #: Every anomaly this process met (see :mod:`.freshness`); list-like.
+        self.anomalies = Anomalies(config.current().strict if strict is None else strict,
+                                   lambda status: self._comm.Abort(status))
+        self._verify_next = False  # after a repair that lost nobody: see _verified
+        self._anomaly_deadline = None  # a threading.Timer while an anomaly is repaired
         self._below_min = None
         self._heartbeat = heartbeat
         #: What the collectives now running are for (set by callers, recorded in events).
@@ -197,7 +212,8 @@ class ResilientComm(CollectivesMixin):
         while True:
             started = time.perf_counter()
             comm = self._comm
-            if signature is not None and not self._predictor.expects(signature):
+            if signature is not None and (self._verified() or
+                                          not self._predictor.expects(signature)):
                 pre = self._agree(comm, _OK | _CLEAN | _PRE,
                                   LEAVE_TIMEOUT if signature == LEAVE else self.mismatch_timeout)
                 if pre is None:
@@ -226,8 +242,8 @@ class ResilientComm(CollectivesMixin):
                     self._predictor.record(signature)
                 return result
             if not agreed & _CLEAN:
-                self._application_error(error if not flag & _CLEAN else None)
-                continue  # no rank had an error: retried on the repaired communicator
+                self._application_error(error if not flag & _CLEAN else None, signature)
+                continue  # an anomaly (see there): run again, verified
             self.repair(started)
 
     def _attempt(self, comm, attempt):
@@ -244,21 +260,15 @@ class ResilientComm(CollectivesMixin):
             return 0, None, exc
 
     def _agree(self, comm, flag, timeout=None):
-        """Agreed AND of ``flag``; None when a process failure interrupted it.
+        """Agreed AND of ``flag`` (its 4 outcome bits); None when a process failure
+        interrupted it, or when the agreed value is not this agreement's (an
+        anomaly: then ``comm`` is revoked, so that every member repairs).
 
         With ``timeout``, a rank that waits longer revokes ``comm`` (see module doc).
-        Open MPI's blocking agreement is its non-blocking one plus a wait, with
-        one sequence of agreement ids, so the two kinds match each other.
         """
+        stamp = self._stamps.next()
         try:
-            if timeout is None:
-                return comm.Agree(flag)
-            buf = np.array([flag], dtype=np.intc)
-            request = comm.Iagree(buf)
-            if not _wait(request, timeout):
-                self.revoke(comm)
-                request.Wait()
-            return int(buf[0])
+            value = self._agreement(comm, flag | stamp, timeout)
         except self.MPI.Exception as exc:
             if exc.Get_error_class() in self._failure_classes:
                 return None
@@ -268,6 +278,62 @@ class ResilientComm(CollectivesMixin):
             self.revoke(comm)
             raise ElasticHvdError(f"MPI_Comm_agree failed on original rank {self.original_id}: "
                                   f"{exc.Get_error_string()}") from exc
+        if value & ~OUTCOME_MASK == stamp:
+            if self._anomaly_deadline is not None:  # repaired: the ranks agree again
+                self._anomaly_deadline, deadline = None, self._anomaly_deadline
+                deadline.cancel()
+            return value & OUTCOME_MASK
+        self.revoke(comm)  # a member that waits in this agreement is freed by it
+        self._anomaly("the agreed value belongs to another agreement",
+                      expected=hex(stamp | flag), got=hex(value))
+        return None
+
+    def _agreement(self, comm, value, timeout):
+        """``MPI_Comm_agree(value)`` on ``comm``; with ``timeout``, a rank that waits
+        longer revokes ``comm``.  Open MPI's blocking agreement is its non-blocking
+        one plus a wait, with one sequence of agreement ids, so the two kinds match."""
+        if timeout is None:
+            return comm.Agree(value)
+        buf = np.array([value], dtype=np.intc)
+        request = comm.Iagree(buf)
+        if not _wait(request, timeout):
+            self.revoke(comm)
+            request.Wait()
+        return int(buf[0])
+
+    def _anomaly(self, kind, **evidence):
+        """Record an anomaly (see :mod:`.freshness`; in strict mode the job ends here)
+        with where it happened, and set this rank a deadline to agree again.
+
+        The repair is exact when every member met the anomaly, or waited while one
+        did (both seen).  If instead some member had *decided* on the genuine value
+        and gone on, the repair's own agreement (inside ``MPI_Comm_shrink``) meets
+        that member's next one: the stamp recognises the mixed value again, but the
+        shrinks no longer match and would wait for ever (measured).  A failure is
+        what ULFM's repair does handle, so a rank that has not agreed again within
+        its deadline ends itself as a crash, and the others go on without it; the
+        deadlines are staggered by rank so that one rank at a time goes."""
+        generation, sequence = self._stamps.state()
+        self.anomalies.record(kind, **evidence, original_rank=self.original_id,
+                              communicator=f"generation {generation}, agreement {sequence}, "
+                                           f"ids {list(self._ids)}",
+                              call=self.label or None)
+        if self._anomaly_deadline is None:
+            limit = ANOMALY_REPAIR_DEADLINE * (1 + self.rank)
+            self._anomaly_deadline = threading.Timer(limit, _end_as_crash, args=(
+                f"rank {self.rank} (original {self.original_id}) did not agree with the "
+                f"others again within {limit:.0f}s of an anomaly",))
+            self._anomaly_deadline.daemon = True
+            self._anomaly_deadline.start()
+
+    def _verified(self):
+        """True (once) when the next call must take the slow path, its exact signature
+        exchanged: after a repair that lost nobody -- a revocation by an anomaly, a
+        local error or a mismatch -- so that ranks whose control flow split there
+        raise MismatchError instead of pairing different calls.  Every member makes
+        a repair and sees whom it lost alike, so all of them verify the same call."""
+        verify, self._verify_next = self._verify_next, False
+        return verify
 
     # -- the interface of the join protocol (.growth) ---------------------------------
     # Public so that the protocol never touches this class's fields: what it needs
@@ -354,6 +420,7 @@ class ResilientComm(CollectivesMixin):
         of each of its ranks; the old one is retired."""
         old = self._comm
         self._comm, self._ids, self.original_id = new, list(ids), ids[new.rank]
+        self._stamps.renew()
         if old is not new:
             self.retire(old)
 
@@ -361,7 +428,8 @@ class ResilientComm(CollectivesMixin):
         """The bookkeeping a process that joins takes over (picklable): hosts and
         pids, membership history, sizes, the call history of :mod:`.signature`."""
         return {"procs": self._procs, "events": self.events, "initial_size": self.initial_size,
-                "min_np": self.min_np, "predictor": self._predictor.state()}
+                "min_np": self.min_np, "predictor": self._predictor.state(),
+                "stamps": self._stamps.state(), "verify": self._verify_next}
 
     def load_book(self, book):
         """Take over the :meth:`book` of the running ranks (in a process that joins)."""
@@ -369,6 +437,8 @@ class ResilientComm(CollectivesMixin):
         self.events = list(book["events"])
         self.initial_size, self.min_np = book["initial_size"], book["min_np"]
         self._predictor.load_state(book["predictor"])
+        self._stamps.load_state(book["stamps"])
+        self._verify_next = book["verify"]
 
     def meet(self, extra=None):
         """Learn every live rank's host and pid, with ``extra`` from each (a resilient
@@ -417,6 +487,7 @@ class ResilientComm(CollectivesMixin):
         self.replace(new, [old_ids[p] for p in positions])
         lost = tuple(sorted(set(old_ids) - set(self._ids)))
         if not lost:
+            self._verify_next = True
             return
         self._fence(lost)
         if self._quiet:  # inside a join: reported in its event
@@ -468,8 +539,10 @@ class ResilientComm(CollectivesMixin):
         if any(s != signature for s in signatures):
             self._differ(signature, signatures)
             return
-        # Every rank called the same collective: only their predictions differed (they
-        # can after an abandoned join).  Take rank 0's predictor everywhere and retry.
+        # Every rank called the same collective, yet the agreement said otherwise:
+        # predictions are equal on every rank by construction (see .signature).
+        self._anomaly("ranks that called the same collective were told their calls differ",
+                      signature=signature)
         self._predictor.load_state(self.run(None, lambda c: c.bcast(self._predictor.state())))
 
     def _differ(self, signature, signatures):
@@ -491,16 +564,14 @@ class ResilientComm(CollectivesMixin):
         with no detection delay and no ``MismatchError``."""
         self.run(LEAVE, lambda comm: comm.Barrier())
 
-    def _application_error(self, error):
+    def _application_error(self, error, signature):
         """The ranks agreed that the collective failed with an error other than a
         process failure: raise it on every rank (this rank's own, or the first
         holder's as RemoteCollectiveError).
 
-        Returns instead -- the caller retries the collective -- when no rank holds
-        an error and none was lost meanwhile: then the agreed value is one that no
-        live rank contributed.  Open MPI 5.0.11's agreement returned such values
-        (mpi_env.retire closes the cause found; a full test-suite run after it still
-        met one), and a job must not die of it."""
+        When no rank holds an error and none was lost meanwhile, the agreed value is
+        one that no live rank contributed: an anomaly (see :mod:`.freshness`); this
+        returns and the caller runs the collective again, verified."""
         before = set(self._ids)
         self.repair()  # the failing rank revoked the communicator
         report = None if error is None else (f"{type(error).__name__}: {error}",
@@ -515,10 +586,8 @@ class ResilientComm(CollectivesMixin):
         if before - set(self._ids):  # the rank that had the error died before saying which
             raise RemoteCollectiveError("the collective failed on a rank that was lost "
                                         "before it could report the error")
-        if self.rank == 0:
-            print("elastic_hvd: MPI_Comm_agree returned an outcome that no rank contributed "
-                  "(an error that nobody holds); the collective is run again",
-                  file=sys.stderr, flush=True)
+        self._anomaly("the agreed outcome is an error that no rank holds, and no rank was lost",
+                      signature=signature)
 
 
 class LeftEarly(Exception):
@@ -526,6 +595,12 @@ class LeftEarly(Exception):
 
     def __init__(self, leaving, size):
         super().__init__(f"{leaving} of {size} ranks left while the others go on training")
+
+
+def _end_as_crash(why):
+    """End this process as a crash would (see ResilientComm._anomaly)."""
+    print(f"elastic_hvd: {why}; it leaves the job as a crash", file=sys.stderr, flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _wait(request, timeout):

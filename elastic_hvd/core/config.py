@@ -63,6 +63,10 @@ SETTINGS = (
     Setting("replica_budget", "ELASTIC_HVD_REPLICA_BUDGET", float, 0.05, 0.0,
             "share of training time rank 0 may spend copying the state to elastic-hvd-run "
             "(for a relaunch after a node loss; 0: no copies)"),
+    Setting("strict", "ELASTIC_HVD_STRICT", bool, False, None,
+            "an anomaly (an agreed value from another agreement, an outcome the protocol rules "
+            "out) aborts the whole job with exit status 70 instead of being repaired and "
+            "logged (--strict; make test and make soak set it)"),
     Setting("faults", "ELASTIC_HVD_FAULTS", str, "", None,
             "fault plan for tests and demos, e.g. rank=2,step=40 (--faults)"),
 )

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from .. import state_replica
 from ..core import config
+from ..core.freshness import ANOMALY_EXIT_STATUS
 from . import relaunch
 
 
@@ -76,6 +77,8 @@ def parser():
                         "elastic_hvd.core.heartbeat.progress() call) for this many seconds "
                         "while other ranks wait for it kills itself, so that a deadlocked "
                         "rank is evicted (default: off)")
+    p.add_argument("--strict", action="store_true",
+                   help="end the whole job on any anomaly (ELASTIC_HVD_STRICT)")
     p.add_argument("-x", dest="env", action="append", default=[], metavar="NAME[=VALUE]",
                    help="export an environment variable to every rank (repeatable)")
     p.add_argument("--faults", help="fault-injection plan, as ELASTIC_HVD_FAULTS "
@@ -122,7 +125,8 @@ def build_command(args, mpirun=None):
     env = {"ELASTIC_HVD_MIN_NP": args.min_np, "ELASTIC_HVD_HEARTBEAT_PERIOD": args.heartbeat_period,
            "ELASTIC_HVD_HEARTBEAT_TIMEOUT": args.heartbeat_timeout,
            "ELASTIC_HVD_STALL_TIMEOUT": args.stall_timeout, "ELASTIC_HVD_FAULTS": args.faults,
-           "ELASTIC_HVD_RESPAWN": 1 if args.respawn else None, "ELASTIC_HVD_MAX_NP": args.max_np,
+           "ELASTIC_HVD_RESPAWN": 1 if args.respawn else None,
+           "ELASTIC_HVD_STRICT": 1 if args.strict else None, "ELASTIC_HVD_MAX_NP": args.max_np,
            "ELASTIC_HVD_HOST_DISCOVERY": args.host_discovery_script and
            os.path.abspath(args.host_discovery_script),
            "ELASTIC_HVD_HOSTFILE": args.max_np and args.hostfile and os.path.abspath(args.hostfile),
@@ -262,6 +266,9 @@ def exit_status(code, outcomes):
         return code, (f"the job failed (mpirun exit status {code}); see the ranks' messages above"
                       if code else None)
     ended = [o for o in outcomes if o["code"] is not None]
+    if not ended and code == ANOMALY_EXIT_STATUS:
+        return code, (f"exit status {code}: strict mode ended the job on an anomaly (see the "
+                      "'elastic_hvd: ANOMALY' line above)")
     if not ended:
         status = code or 1
         return status, (f"exit status {status}: no rank completed: all {len(outcomes)} ranks were "

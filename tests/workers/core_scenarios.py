@@ -152,7 +152,31 @@ def contradictory_agreement(comm):
     total = comm.allreduce(contribution(comm.original_id, 1000))
     expected = sum(contribution(i, 1000) for i in range(comm.size))
     report.write(comm.original_id, right=bool(np.array_equal(total, expected)),
-                 forced=forced, ids=list(comm.ids))
+                 forced=forced, ids=list(comm.ids), anomalies=[a["anomaly"] for a in comm.anomalies])
+
+
+def foreign_agreement(comm, who="all"):
+    """The agreement on an allreduce's outcome answers, on rank ``who`` (or on every
+    rank), with the value of the previous agreement -- what Open MPI's agreement did
+    when it met a reused agreement name (see ``mpi_env.retire``).  The ranks must
+    recognise it, say it, and still get the right sum."""
+    real, seen, forced = comm._agreement, [], []
+
+    def agreement(mpi_comm, value, timeout):
+        seen.append(real(mpi_comm, value, timeout))
+        if (value & comm_module._POST and len(seen) > 1 and not forced
+                and who in ("all", str(comm.original_id))):
+            forced.append(seen[-2])
+            return seen[-2]
+        return seen[-1]
+
+    comm._agreement = agreement
+    total = comm.allreduce(contribution(comm.original_id, 1000))
+    expected = sum(contribution(i, 1000) for i in comm.ids)
+    again = comm.allreduce(contribution(comm.original_id, 10))
+    report.write(comm.original_id, right=bool(np.array_equal(total, expected)),
+                 again=bool(np.array_equal(again, sum(contribution(i, 10) for i in comm.ids))),
+                 ids=list(comm.ids), anomalies=list(comm.anomalies))
 
 
 def retired_agreement_names(comm):
