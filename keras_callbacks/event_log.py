@@ -23,7 +23,8 @@ class MembershipEventLog(MembershipCallback):
     ``epoch`` and ``step`` count from 1, as Keras prints them ("Epoch 2/5") and as the
     console line says; the change happened during that step.  A restart from a
     checkpoint is a record too (``"during": "resume"``, with ``checkpoint``; see
-    :meth:`record_resume`).
+    :meth:`record_resume`), and so is every anomaly (``"anomaly": kind`` and its
+    evidence, see ``elastic_hvd.core.freshness``), written by the rank that met it.
     Pass the ``rescaler`` so that ``lr_after`` is the rescaled rate; ``log_dir`` adds
     TensorBoard scalars (``membership/size``, ``membership/recovery_ms``).
     """
@@ -35,6 +36,18 @@ class MembershipEventLog(MembershipCallback):
         self.records = []
         self._writer = None
         self._steps_done = 0
+
+    def on_train_begin(self, logs=None):
+        anomalies = self.comm.anomalies.listeners
+        if self._on_anomaly not in anomalies:
+            anomalies.add(self._on_anomaly)
+        super().on_train_begin(logs)
+
+    def _on_anomaly(self, entry):
+        """Called inside the collective that met it: only a line of the file."""
+        record = {"epoch": self.epoch + 1, "step": self.step, **entry}
+        self.records.append(record)
+        self._append(record)
 
     def on_train_batch_end(self, batch, logs=None):
         self._steps_done += 1

@@ -42,6 +42,9 @@ class Listeners:
         self._callbacks.append(callback)
         return callback
 
+    def __contains__(self, callback):
+        return callback in self._callbacks
+
     def remove(self, callback):
         self._callbacks.remove(callback)
 

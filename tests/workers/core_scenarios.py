@@ -152,7 +152,8 @@ def contradictory_agreement(comm):
     total = comm.allreduce(contribution(comm.original_id, 1000))
     expected = sum(contribution(i, 1000) for i in range(comm.size))
     report.write(comm.original_id, right=bool(np.array_equal(total, expected)),
-                 forced=forced, ids=list(comm.ids), anomalies=[a["anomaly"] for a in comm.anomalies])
+                 forced=forced, ids=list(comm.ids),
+                 anomalies=[a["anomaly"] for a in comm.anomalies])
 
 
 def foreign_agreement(comm, who="all"):
