@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 # tensorflow-cpu by default; GPU users: make TF_EXTRA=gpu ...
 TF_EXTRA ?= cpu
 
-.PHONY: install lint test test-fast test-tf215 demo bench bench-core bench-horovod bench-growth bench-hosts clean
+.PHONY: install lint test test-fast test-tf215 demo soak bench bench-core bench-horovod bench-growth bench-hosts clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -42,6 +42,14 @@ test-tf215:
 
 demo: install
 	$(VENV)/bin/elastic-hvd-run -np 4 --faults rank=2,step=40 python examples/fruits360/train.py
+
+# Chaos soak (issue 18): a Keras job on 4 ranks (--respawn, strict mode) meets a fault every
+# ~15 s (kill, stop, term, exception; random ranks, bursts, during repairs, joins,
+# checkpoints) for SOAK_MINUTES while invariants are checked; output in runs/soak/.
+# Not part of `make test`.
+SOAK_MINUTES ?= 30
+soak: install
+	$(PY) tests/soak/driver.py --minutes $(SOAK_MINUTES)
 
 bench-core: install
 	$(PY) bench/core_bench.py --runs 5
