@@ -2,6 +2,7 @@
 
 import atexit
 import os
+import signal
 import sys
 
 from . import config, faults
@@ -95,23 +96,50 @@ def init(comm=None, *, min_np=None, mismatch_timeout=None, stall_timeout=None):
     if not _current.joining:  # a joiner learns its id when it joins (see join())
         faults.configure(_current.original_id)
     atexit.register(_at_exit, MPI, heartbeat)
+    sys.excepthook = _crash_after(sys.excepthook)
     return _current
+
+
+def _crash_after(report):
+    """An excepthook: ``report`` the uncaught exception, then end this rank like a crash.
+
+    At once, from the hook: the interpreter would first join every non-daemon thread
+    (a data loader, a user's worker) before ``_at_exit`` ran, perhaps for ever."""
+    def hook(kind, value, traceback):
+        report(kind, value, traceback)
+        _crash_if_others_go_on()
+    return hook
+
+
+def _crash_if_others_go_on():
+    """After an uncaught exception, end this rank *as a crash* if other ranks go on.
+
+    So that they (perhaps inside a collective) evict it and go on, instead of
+    meeting it in a final barrier it reaches out of turn.  A process that has not
+    joined yet too: the running ranks see it die, give its join up and spawn again
+    (measured; one that finalizes would leave them waiting).  By SIGKILL, not
+    ``os._exit(1)``: PRRTE 3.0.11 (Open MPI 5.0.11) takes a registered process that
+    exits with a non-zero status before MPI_Finalize for a normal end (its
+    ``error-nonzero-status`` option is off) and tells nobody, so the others noticed
+    only when the heartbeat detector evicted it (its timeout, 10 s by default); a
+    death by signal is reported to them at once (tests/test_exit_paths.py).  Under
+    plain ``mpirun`` the job's status is then that of a killed rank (0);
+    ``elastic-hvd-run`` counts the rank as lost either way."""
+    if _current is None or _current.size <= 1:
+        return
+    who = (f"process {os.getpid()}, spawned to join the running job," if _current.joining
+           else f"rank {_current.rank} (original {_current.original_id})")
+    print(f"elastic_hvd: {who} stops on an uncaught exception; the other ranks continue "
+          "without it", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _at_exit(MPI, heartbeat):
     """Leave together, stop the heartbeat, finalize MPI with a deadline
     (``mpi_env.finalize``)."""
-    if hasattr(sys, "last_value") and _current is not None and _current.size > 1:
-        # An uncaught exception ends this rank only: leave like a crash, so that
-        # the others (perhaps inside a collective) evict it and go on, instead of
-        # meeting it in a final barrier it reaches out of turn.  A process that has
-        # not joined yet too: the running ranks see it die, give its join up and
-        # spawn again (measured; one that finalizes would leave them waiting).
-        who = (f"process {os.getpid()}, spawned to join the running job," if _current.joining
-               else f"rank {_current.rank} (original {_current.original_id})")
-        print(f"elastic_hvd: {who} stops on an uncaught exception; the other ranks continue "
-              "without it", file=sys.stderr, flush=True)
-        os._exit(1)
+    if hasattr(sys, "last_value"):  # uncaught, and the program replaced our excepthook
+        _crash_if_others_go_on()
     _leave_together()
     heartbeat.stop()
     if MPI.Is_finalized():

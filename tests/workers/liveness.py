@@ -10,6 +10,7 @@ rank reports its membership events, a digest of its last result and timings.
 import ctypes
 import hashlib
 import sys
+import threading
 import time
 
 import numpy as np
@@ -40,7 +41,15 @@ def hang(seconds):
     time.sleep(seconds)
 
 
-SCENARIOS = {"gil": hold_gil, "tick": spin_with_ticks, "hang": hang, "none": lambda s: None}
+def raise_beside_a_thread(seconds):
+    """An uncaught exception while a non-daemon thread still runs for ``seconds``
+    (the interpreter joins such threads before its atexit handlers run)."""
+    threading.Thread(target=time.sleep, args=(seconds,), daemon=False).start()
+    raise ValueError("an application error")
+
+
+SCENARIOS = {"gil": hold_gil, "tick": spin_with_ticks, "hang": hang, "none": lambda s: None,
+             "raise": raise_beside_a_thread}
 
 
 def main(scenario, rank, seconds, calls="6"):
