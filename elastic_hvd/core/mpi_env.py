@@ -36,6 +36,14 @@ def mca_defaults(settings=None):
         "mpi_ft_detector_timeout": repr(timeout),
         # han ignores errors of its sub-collectives and can deadlock after a failure.
         "coll": "^han",
+        # MPI_Finalize without its closing job-wide PMIx fence: after a rank loss that
+        # fence hung now and then (2 of 10 jobs that lost two ranks at their last
+        # collective; tests/test_exit_paths.py) and would hang for ever after a host
+        # lost all its ranks.  With fault tolerance on, MPI_Finalize first shrinks
+        # COMM_WORLD to the survivors and runs a synchronous barrier among them,
+        # which already flushes their traffic and syncs them -- the fence's purpose.
+        # Without FT that barrier does not exist: the fence stays.
+        **({"async_mpi_finalize": "true"} if ft_enabled() else {}),
     }
 
 
