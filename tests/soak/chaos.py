@@ -89,7 +89,7 @@ class Chaos:
         return sorted(pid for pid in self.records.latest
                       if pid not in self.touched and running(pid))
 
-    def _is_rank(self, pid):
+    def is_rank(self, pid):
         if pid in self._ours:
             return True
         if pid in job_processes(self.marker):
@@ -104,7 +104,7 @@ class Chaos:
         return self.rng.choices(list(weights), list(weights.values()))[0]
 
     def fire(self, pid, kind, moment, alive, note=""):
-        if not self._is_rank(pid):
+        if not self.is_rank(pid):
             self.log(f"refused to signal pid {pid}: not one of the job's ranks")
             return None
         latest = self.records.latest.get(pid, {})
@@ -130,7 +130,7 @@ class Chaos:
         if len(alive) < MIN_ALIVE + 1:
             return False
         for pid in alive:
-            self._is_rank(pid)  # checked now, not at the precise moment
+            self.is_rank(pid)  # checked now, not at the precise moment
         return getattr(self, "_" + moment)(alive)
 
     def _random(self, alive, moment="random", note=""):

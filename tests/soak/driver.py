@@ -22,6 +22,7 @@ import json
 import os
 import queue
 import random
+import signal
 import subprocess
 import sys
 import threading
@@ -35,7 +36,7 @@ sys.path.insert(0, str(HERE.parent))  # tests/: mpijob
 from mpijob import JOB_MARKER, ROOT, job_processes, kill_tree  # noqa: E402
 
 import summary  # noqa: E402
-from chaos import Chaos, process_state  # noqa: E402
+from chaos import Chaos, process_state, running  # noqa: E402
 from invariants import Invariants  # noqa: E402
 from records import JobRecords  # noqa: E402
 
@@ -131,6 +132,7 @@ class Soak:
                     self.invariants.violate("no hang", f"no step committed for {now - last:.0f} s "
                                             f"(last: step {max(self.records.commit_time)}); "
                                             f"{self._processes()}")
+                    self._stacks()
                     break
                 if now > self.deadline + END_GRACE_S:
                     self.invariants.violate("no hang", f"the job still runs {END_GRACE_S:.0f} s "
@@ -182,6 +184,15 @@ class Soak:
                 "job completes", f"exit status {self.exit_status}, {len(ended)} rank(s) finished "
                 f"training; last step committed {(last or self.start) - self.deadline:+.0f} s "
                 "from the deadline")
+
+    def _stacks(self):
+        """Evidence of a hang: every live rank prints its threads' stacks (SIGUSR2, see
+        job.py) into job.log before the job is killed."""
+        for pid in self.records.latest:
+            if running(pid) and self.chaos.is_rank(pid):
+                os.kill(pid, signal.SIGUSR2)
+        time.sleep(3)
+        self.log("stacks of the ranks still running: see job.log (SIGUSR2)")
 
     def _processes(self):
         """The job's processes now (evidence for a hang): pid, state, command."""

@@ -18,12 +18,14 @@ the job only *reports*, one JSON line per committed step and per process
 * **Faults from outside:** SIGTERM ends the program cleanly (``sys.exit(0)``, what a
   preempted instance's handler does); SIGUSR1 arms a tripwire that raises inside
   the next train step's forward pass (a ``tf.py_function`` in the model).
+  SIGUSR2 prints every thread's Python stack (the driver's evidence of a hang).
 * **Until the deadline:** epochs run until ``--deadline``; the ranks decide to stop
   together (an allreduce of "past the deadline" at each epoch's end), so none
   leaves an epoch the others still train.
 """
 
 import argparse
+import faulthandler
 import json
 import os
 import signal
@@ -178,6 +180,7 @@ def main():
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, on_sigterm)
     signal.signal(signal.SIGUSR1, lambda *_: TRIPPED.set())
+    faulthandler.register(signal.SIGUSR2, all_threads=True)
     tf.config.threading.set_intra_op_parallelism_threads(1)
     hvd.init()
     comm = runtime.current()
