@@ -198,6 +198,18 @@ def test_a_split_anomaly_ends_in_no_hang(tmp_path):
     assert all(r["right"] and r["again"] for r in job.results.values()), job.results
 
 
+def test_a_million_collectives_then_a_failure_after_the_identifiers_wrapped(tmp_path):
+    # 10^6 checked allreduces on 3 ranks (ERA's agreement sequence numbers wrap 15
+    # times); rank 1 is SIGKILLed in collective 1_000_000 (its 1_000_001st, counting
+    # init's): the survivors repair and finish, every result exact, no anomaly.
+    job = run_job("core_scenarios.py", "many_collectives", 1_000_100, np=3, tmp_path=tmp_path,
+                  faults="rank=1,coll=1000000", timeout=900)
+    assert sorted(job.results) == [0, 2], job.output[-3000:]
+    for r in job.results.values():
+        assert r["wrong"] == 0 and r["sizes"] == [2, 3] and r["ids"] == [0, 2]
+        assert r["anomalies"] == 0 and [e["lost"] for e in r["events"]] == [[1]]
+
+
 def test_strict_mode_ends_the_job_on_an_anomaly(tmp_path):
     job = run_job("core_scenarios.py", "foreign_agreement", "1", np=3, tmp_path=tmp_path,
                   launcher=["--strict"], expect_rc=70, timeout=60)

@@ -96,7 +96,8 @@ class ResilientComm(CollectivesMixin):
             self._comm, self._ids, self.original_id = invitation.merged, [], None
             self.initial_size = self._comm.size
         else:
-            self._start(comm)
+            with self._in_mpi():
+                self._start(comm)
         self._growth = Growth(self, invitation)
         if self.size < self.min_np:
             raise RanksBelowMinimumError(self.size, self.min_np, ())
@@ -187,11 +188,20 @@ class ResilientComm(CollectivesMixin):
             if self.joining:
                 raise JoinOrderError(signature)
             faults.at_collective()
-        if self._heartbeat is None:
+        with self._in_mpi():
             return self._run(signature, attempt)
+
+    @contextlib.contextmanager
+    def _in_mpi(self):
+        """The main thread works in MPI: the heartbeat's progress loop pauses, since
+        Open MPI's agreement is not safe beside it (see :mod:`.heartbeat`), and the
+        stall watchdog counts it as progress."""
+        if self._heartbeat is None:
+            yield
+            return
         self._heartbeat.enter()
         try:
-            return self._run(signature, attempt)
+            yield
         finally:
             self._heartbeat.leave()
 
@@ -351,12 +361,14 @@ class ResilientComm(CollectivesMixin):
     def spawn(self, count, hosts=(), oversubscribe=None):
         """Start ``count`` processes that will join (collective); True if they are on
         their way.  See :meth:`.growth.Growth.spawn`."""
-        return self._growth.spawn(count, hosts, oversubscribe)
+        with self._in_mpi():
+            return self._growth.spawn(count, hosts, oversubscribe)
 
     def poll_join(self):
         """At a step boundary (collective while a join is pending): adopt the spawned
         processes if they are all ready; returns the growth event then, else None."""
-        return self._growth.poll()
+        with self._in_mpi():
+            return self._growth.poll()
 
     def abandon_join(self):
         """Give up the pending join (local; its processes exit without joining)."""
@@ -364,7 +376,8 @@ class ResilientComm(CollectivesMixin):
 
     def join(self):
         """In a spawned process: join the running job; returns the growth event."""
-        return self._growth.join()
+        with self._in_mpi():
+            return self._growth.join()
 
     @contextlib.contextmanager
     def rehearsal(self):
@@ -385,7 +398,8 @@ class ResilientComm(CollectivesMixin):
     def agree(self, flag):
         """Agreed AND of ``flag`` over the live ranks (collective); None when a
         process failure interrupted the agreement (then :meth:`repair`)."""
-        return self._agree(self._comm, flag)
+        with self._in_mpi():
+            return self._agree(self._comm, flag)
 
     def revoke(self, comm):
         """Revoke an mpi4py communicator, so that every member blocked on it returns."""

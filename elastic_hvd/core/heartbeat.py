@@ -15,6 +15,17 @@ when we stop it: the loop sleeps in ``epoll_wait`` and calls ``opal_progress``
 every ``period / 10`` without ever touching Python.  A stopped (SIGSTOP) or
 frozen process stops beating, which is what the detector is for.
 
+**Never beside a collective.**  The loop is paused while the main thread is inside
+a collective (:meth:`Heartbeat.enter` / :meth:`~Heartbeat.leave`), which drives
+progress itself.  Open MPI 5.0.11's agreement (ERA) is not safe against
+``opal_progress`` running in two threads at once: with this loop running beside
+a tight loop of ``Allreduce`` + ``Agree`` on 3 ranks, about 1 agreement in 10^5
+to 10^6 returned a value that was not the AND of the values given -- on every
+rank alike, or on one rank alone (measured; ``tests/test_core_resilience.py``'s
+million-collective test met it; 0 in 2 x 10^6 without the loop, 0 with the pause).
+Pausing is ``event_del``, which waits for a callback that is running (libevent's
+pthreads locking is switched on for that), and ``event_add`` to resume: ~1 us.
+
 **Stall watchdog** (``stall_timeout`` > 0, off by default): a rank that made no
 *progress* -- no collective and no :func:`progress` tick -- for ``stall_timeout``
 seconds while at least one other rank is waiting for it in a collective is
@@ -77,13 +88,17 @@ class NativeProgress:
         if not pal_path or not ev_path:
             raise OSError("libopen-pal / libevent_core are not loaded (not Open MPI?)")
         pal, ev = ctypes.CDLL(pal_path), ctypes.CDLL(ev_path)
+        threads = mpi_env.loaded_library("libevent_pthreads") or ev_path.replace(
+            "libevent_core", "libevent_pthreads")
+        if ctypes.CDLL(threads).evthread_use_pthreads() != 0:  # event_del then waits for
+            raise OSError("evthread_use_pthreads failed")    # a running callback (pause)
         ev.event_base_new.restype = ctypes.c_void_p
         ev.event_new.restype = ctypes.c_void_p
         ev.event_new.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_short,
                                  ctypes.c_void_p, ctypes.c_void_p]
         ev.event_add.argtypes = [ctypes.c_void_p, ctypes.POINTER(_Timeval)]
         for name in ("event_base_dispatch", "event_base_loopbreak", "event_base_free",
-                     "event_free"):
+                     "event_free", "event_del"):
             getattr(ev, name).argtypes = [ctypes.c_void_p]
         self._ev = ev
         self._base = ev.event_base_new()
@@ -102,6 +117,14 @@ class NativeProgress:
                                         name="elastic_hvd-progress", daemon=True)
         self._thread.start()
 
+    def pause(self):
+        """No ``opal_progress`` from this loop until :meth:`resume` (once a callback
+        that is running has returned)."""
+        self._ev.event_del(self._event)
+
+    def resume(self):
+        self._ev.event_add(self._event, ctypes.byref(self._tv))
+
     def stop(self):
         if self._base is None:
             return
@@ -119,13 +142,21 @@ class _PythonProgress:
     def __init__(self, MPI, interval):
         self._comm = MPI.COMM_SELF.Dup()
         self._stop = threading.Event()
+        self._paused = threading.Lock()  # held by the main thread during a collective
         self._thread = threading.Thread(target=self._loop, args=(interval,),
                                         name="elastic_hvd-progress", daemon=True)
         self._thread.start()
 
     def _loop(self, interval):
         while not self._stop.wait(interval):
-            self._comm.Iprobe()
+            with self._paused:
+                self._comm.Iprobe()
+
+    def pause(self):
+        self._paused.acquire()
+
+    def resume(self):
+        self._paused.release()
 
     def stop(self):
         self._stop.set()
@@ -173,13 +204,18 @@ class Heartbeat:
 
     # -- what the main thread tells us --------------------------------------------
     def enter(self):
-        """The main thread starts a collective (that is progress)."""
+        """The main thread starts a collective (that is progress); the progress loop
+        pauses until the outermost one ends (see module doc)."""
+        if self._in_collective == 0:
+            self._progress.pause()
         self._in_collective += 1
         self._entered = self._last_progress = time.monotonic()
 
     def leave(self):
         self._in_collective -= 1
         self._last_progress = time.monotonic()
+        if self._in_collective == 0:
+            self._progress.resume()
 
     def tick(self):
         self._last_progress = time.monotonic()

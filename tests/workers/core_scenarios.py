@@ -208,6 +208,20 @@ def retired_agreement_names(comm):
     report.write(comm.original_id, agreed=agreed)
 
 
+def many_collectives(comm, count):
+    """``count`` small allreduces, each result checked (ERA's 16-bit agreement
+    sequence wraps every 65 536); the fault plan kills a rank after the wraps."""
+    wrong, sizes = 0, set()
+    for i in range(int(count)):
+        x = np.array([i, comm.original_id + 1], dtype=np.int64)
+        total = comm.allreduce(x)
+        if total[0] != i * comm.size or total[1] != sum(j + 1 for j in comm.ids):
+            wrong += 1
+        sizes.add(comm.size)
+    report.write(comm.original_id, wrong=wrong, sizes=sorted(sizes), ids=list(comm.ids),
+                 anomalies=len(comm.anomalies), events=events(comm))
+
+
 def elastic_flag(comm):
     report.write(comm.original_id, elastic=comm.elastic)
 
