@@ -171,3 +171,17 @@ def test_a_second_fit_does_not_rebroadcast_and_hide_a_drift(tmp_path):
     results = job.results
     assert results[0]["first"] == results[1]["first"]  # the first fit did broadcast
     assert results[0]["second"] != results[1]["second"]
+
+
+def test_an_anomaly_during_fit_is_in_the_event_log_and_repaired(tmp_path):
+    # An agreement on a gradient allreduce answers with another agreement's value on
+    # both ranks: the step is redone, the ranks still agree, the event log says it.
+    job = run_job("tf_scenarios.py", "anomaly_in_fit", tmp_path, np=2, tmp_path=tmp_path,
+                  env={"ELASTIC_HVD_STRICT": "0"}, timeout=300)
+    results = list(job.results.values())
+    assert all(r["forced"] == 1 and r["anomalies"] == 1 for r in results), job.output[-3000:]
+    assert len({r["weights"] for r in results}) == 1
+    for r in results:
+        [record] = r["logged"]
+        assert record["anomaly"] == "the agreed value belongs to another agreement"
+        assert record["call"] == "HorovodGradients" and record["epoch"] >= 1

@@ -4,6 +4,7 @@
 """
 
 import hashlib
+import json
 import os
 import sys
 
@@ -303,6 +304,36 @@ def graph_order(mode, reps="50", chain="1"):
         chained = all(_reaches(b, a) for a, b in zip(pyfuncs, pyfuncs[1:]))
         report.write(runtime.current().original_id, failures=failures, chained=chained,
                      collectives=len(pyfuncs))
+
+
+def anomaly_in_fit(directory):
+    """During hvd.fit, the agreement on one gradient allreduce answers every rank with
+    the previous agreement's value: the anomaly must reach the event log, the step be
+    redone, and the ranks end with equal weights."""
+    comm = runtime.current()
+    real, seen, forced = comm._agreement, [], []
+
+    def agreement(mpi_comm, value, timeout):
+        seen.append(real(mpi_comm, value, timeout))
+        if comm.label == "HorovodGradients" and len(seen) > 20 and not forced:
+            forced.append(seen[-2])
+            return seen[-2]
+        return seen[-1]
+
+    comm._agreement = agreement
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(256, 8)).astype(np.float32)
+    y = rng.normal(size=(256, 3)).astype(np.float32)
+    model = small_model()
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.01)), loss="mse")
+    events = os.path.join(directory, "events.jsonl")
+    hvd.fit(model, hvd.ElasticData((x, y), batch_size=16, seed=1), epochs=2, events=events,
+            verbose=0)
+    with open(events) as f:
+        records = [json.loads(line) for line in f]
+    report.write(comm.original_id, forced=len(forced), anomalies=len(comm.anomalies),
+                 logged=[r for r in records if r.get("original_rank") == comm.original_id],
+                 weights=digest(model.get_weights()))
 
 
 def _reaches(op, target):
