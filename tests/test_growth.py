@@ -7,6 +7,10 @@ the live members contributed step by step -- a joiner that started from a wrong
 state, or a step it missed or repeated, changes it.
 """
 
+import os
+import signal
+import time
+
 import pytest
 
 from mpijob import run_job
@@ -130,3 +134,32 @@ def test_spawn_that_never_completes_is_given_up(tmp_path, signal):
     assert ids == [0, 1, 3, 4]
     assert "not done after 5s (ELASTIC_HVD_SPAWN_TIMEOUT)" in job.output
     assert job.returncode == 0
+
+
+def _term_rank_zero_at(step):
+    """A watcher: SIGTERM original rank 0 once it reported ``step``."""
+    def watch(out_dir, marker):
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            try:
+                if int((out_dir / "step0").read_text() or -1) >= step:
+                    os.kill(int((out_dir / "pid0").read_text()), signal.SIGTERM)
+                    return
+            except (OSError, ValueError):
+                pass
+            time.sleep(0.01)
+    return watch
+
+
+def test_rank_that_leaves_while_a_join_pends_does_not_hang(tmp_path):
+    # Seen in the soak: SIGTERM of rank 0 after a step (it was copying the state) while
+    # a joiner started up; the others were in poll_join's allreduce, which mpi4py's
+    # pickled allreduce ran on a hidden duplicate communicator that the leaving rank's
+    # revoke does not reach: every rank spun at 100 % CPU for ever.
+    job = run_job("leave_while_join_pends.py", 200, np=3, launcher=("--respawn",),
+                  tmp_path=tmp_path, timeout=90, watcher=_term_rank_zero_at(20))
+    assert sorted(job.results) == [1, 2], job.output[-4000:]
+    for r in job.results.values():
+        assert r["ids"] == [1, 2]
+        assert [e["lost"] for e in r["events"]] == [[0]]
+    assert "leaves the job; the other ranks go on without it" in job.output

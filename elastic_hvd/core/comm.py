@@ -178,7 +178,10 @@ class ResilientComm(CollectivesMixin):
         alone if a rank died during the call) or raises the same error.
         ``signature`` must be equal on all ranks for a matching call and is
         checked cheaply (see module doc); ``None`` skips the check, for internal
-        exchanges that all ranks are known to make together.
+        exchanges that all ranks are known to make together.  ``attempt`` must
+        communicate on the communicator it is given, never on a duplicate of it:
+        mpi4py's pickled ``reduce``/``allreduce``/``scan``/``exscan`` do (a hidden
+        one), and a revoke then frees nobody waiting in them.
         """
         if self._rehearsing:
             return attempt(self.MPI.COMM_SELF)

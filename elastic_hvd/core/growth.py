@@ -212,7 +212,7 @@ class Growth:
         ready = -1
         if len(comm.events) == pending.events:
             local = pending.test(MPI)
-            ready = comm.run(("poll_join",), lambda c: c.allreduce(local, op=MPI.MIN))
+            ready = comm.run(("poll_join",), lambda c: _minimum(MPI, c, local))
         if len(comm.events) != pending.events or ready < 0:
             self.abandon()
             return None
@@ -303,6 +303,17 @@ class Growth:
             during=JOIN_LABEL, spawn_s=max(spawn_times))
         comm.record(event)
         return event
+
+
+def _minimum(MPI, comm, value):
+    """The minimum of the ints ``value`` over ``comm``, by ``MPI_Allreduce`` on ``comm``
+    itself.  Never mpi4py's pickled ``comm.allreduce``: it runs point-to-point on a
+    hidden duplicate of ``comm`` that a revoke of ``comm`` does not reach, so a rank
+    that leaves (and revokes) while the others wait in it left them spinning for
+    ever (seen in the soak: tests/test_growth.py)."""
+    buffer = np.array([value], dtype=np.intc)
+    comm.Allreduce(MPI.IN_PLACE, buffer, op=MPI.MIN)
+    return int(buffer[0])
 
 
 _GIVEN_UP = ("the running job gave it up before adopting it (its ranks changed, or training "
