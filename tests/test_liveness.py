@@ -5,6 +5,10 @@ holds it is alive), a stopped rank is evicted after the heartbeat timeout, and t
 stall watchdog (``--stall-timeout``) counts progress, not only collectives.
 """
 
+import os
+import signal
+import time
+
 import pytest
 
 from mpijob import run_job
@@ -78,3 +82,42 @@ def test_whole_job_stall_kills_nobody_and_says_so(tmp_path):
     assert_uniform(job, [0, 1, 2, 3])
     warnings = [line for line in job.output.splitlines() if "no progress" in line]
     assert warnings and all("not killing" in line for line in warnings), job.output[-4000:]
+
+
+def _stop_after_merge(victim):
+    """A watcher: once all 3 processes of spawned_stop.py are merged, SIGSTOP
+    ``victim`` (2: the spawned one) and tell the others; SIGKILL it once they reported."""
+    def watch(out_dir, marker):
+        deadline = time.monotonic() + 100
+        while time.monotonic() < deadline and not all(
+                (out_dir / f"pid{i}").exists() for i in range(3)):
+            time.sleep(0.05)
+        pid = int((out_dir / f"pid{victim}").read_text())
+        os.kill(pid, signal.SIGSTOP)
+        (out_dir / "stopped").touch()
+        while time.monotonic() < deadline and not all(
+                (out_dir / f"rank{i}.json").exists() for i in range(3) if i != victim):
+            time.sleep(0.05)
+        os.kill(pid, signal.SIGKILL)
+    return watch
+
+
+@pytest.mark.parametrize("victim, seen", [(1, True), (2, False)], ids=["world_rank", "spawned"])
+def test_open_mpi_detector_sees_a_frozen_spawned_process_never(tmp_path, victim, seen):
+    # Open MPI 5.0.11's heartbeat detector runs one ring per MPI_COMM_WORLD
+    # (ompi_comm_failure_detector_start observes ompi_mpi_comm_world only), and a
+    # spawned process is a world of its own: nobody observes it.  A joined rank
+    # that freezes (SIGSTOP) is never evicted and the job waits for ever (soak
+    # finding (a)); issue 20 replaces respawn by hot spares inside mpirun's job.
+    # When this fails for "spawned", Open MPI began to observe spawned processes.
+    job = run_job("spawned_stop.py", np=2, launcher=[*FAST, "--mpi-args=--oversubscribe"],
+                  tmp_path=tmp_path, timeout=120,
+                  expect_rc=None, watcher=_stop_after_merge(victim))
+    live = [i for i in range(3) if i != victim]
+    assert sorted(job.results) == live, job.output[-4000:]
+    for i in live:
+        detected = job.results[i]["detected_s"]
+        if seen:
+            assert detected is not None and detected < 6.0, job.results
+        else:
+            assert detected is None, job.results  # waited 15 s: no error at all
