@@ -156,6 +156,27 @@ def test_respawn_replaces_a_killed_rank_inside_fit(tmp_path, baseline):
     assert abs(job.results[0]["loss"] - baseline) <= LOSS_TOLERANCE * baseline
 
 
+def test_clean_leave_right_after_a_loss_while_the_others_respawn(tmp_path):
+    # Soak finding: id 2 SIGKILLed and, 2.5 ms later, id 3 SIGTERMed (its handler
+    # calls sys.exit(0)) in the same step of a --respawn job.  id 3 announced its
+    # leave in an agreement that met the others' bare agreement on their respawn's
+    # outcome: it read a mismatch, they read "spawn failed", and they went on to
+    # different exchanges: MismatchError on every rank (and exit status 0).
+    job = fit(tmp_path, faults="rank=2,coll=6;rank=3,coll=6,signal=TERM,delay=0.0025",
+              launcher=["--respawn"], env={"TEST_SIGTERM_EXITS": "1"})
+    out, results = tmp_path / "out", job.results
+    assert "MismatchError" not in job.output, job.output[-4000:]
+    assert "(original 3) leaves the job" in job.output, job.output[-4000:]
+    ids = sorted(results)  # joiners (4, 5...) may be adopted before the end, or not
+    assert ids[:2] == [0, 1] and all(i >= 4 for i in ids[2:]), job.output[-4000:]
+    assert len({r["digest"] for r in results.values()}) == 1, "survivors' weights differ"
+    assert_same_weights_every_step(out)
+    events = read_lines(out / "events.jsonl")
+    assert sorted(r for e in events for r in e["lost"]) == [2, 3], events
+    for epoch, trained in trained_ids(out, events).items():
+        assert sorted(trained) == list(range(SAMPLES)), f"epoch {epoch}: not exactly once"
+
+
 def test_rank_lost_while_a_joiner_receives_the_state(tmp_path):
     # Rank 1 dies as the live state is handed to rank 2's replacement (id 4).  The
     # joiner is a member by then: it applies the loss like everyone else (before,

@@ -399,10 +399,22 @@ class ResilientComm(CollectivesMixin):
             self._rehearsing = False
 
     def agree(self, flag):
-        """Agreed AND of ``flag`` over the live ranks (collective); None when a
-        process failure interrupted the agreement (then :meth:`repair`)."""
-        with self._in_mpi():
-            return self._agree(self._comm, flag)
+        """Bitwise AND of ``flag`` (an int >= 0) over the live ranks: a resilient
+        collective, so a rank lost meanwhile is repaired away (``events`` grows) and
+        the AND is that of the survivors.
+
+        Never a bare ``MPI_Comm_agree``: a rank that is leaving (see :meth:`leave`)
+        may be in its own first agreement just then, and a bare one pairs with it
+        without telling either side -- the leaver reads the value as a mismatch,
+        the others as their outcome -- so they go on to different exchanges and
+        every rank raises MismatchError (measured: a spawn's outcome ``0`` met a
+        leaver's announcement).  A transaction's agreement carries its phase, so
+        both sides see the mismatch, and the signatures then show who leaves."""
+        def attempt(comm):
+            result = np.empty(1, dtype=np.int64)  # fresh: a failed try may have written it
+            comm.Allreduce(np.array([flag], dtype=np.int64), result, op=self.MPI.BAND)
+            return int(result[0])
+        return self.run(None, attempt)
 
     def revoke(self, comm):
         """Revoke an mpi4py communicator, so that every member blocked on it returns."""

@@ -183,19 +183,17 @@ class Growth:
         if self._pending is not None or count <= 0:
             return False
         comm = self.comm
-        started = time.perf_counter()
+        started, events = time.perf_counter(), len(comm.events)
         self.spawns += 1
         merged, error = SpawnCall(comm, count, hosts, oversubscribe,
                                   faults.for_joiner(self.spawns)).result(spawn_timeout())
-        agreed = comm.agree(1 if merged is not None else 0)
-        if agreed == 1:
-            self._pending = _Pending(merged, count, len(comm.events), started)
+        # Done on every rank, and nobody lost meanwhile (``merged`` would hold the dead)?
+        if comm.agree(1 if merged is not None else 0) == 1 and len(comm.events) == events:
+            self._pending = _Pending(merged, count, events, started)
             return True
         if merged is not None:
             comm.revoke(merged)  # the joiners waiting on it give up
             comm.retire(merged)
-        if agreed is None or comm.mpi_comm.Is_revoked():
-            comm.repair(started)
         if error is not None and comm.rank == 0:
             why = error.Get_error_string() if isinstance(error, comm.MPI.Exception) else error
             print(f"elastic_hvd: spawning {count} process(es) failed: {why}",
@@ -220,21 +218,17 @@ class Growth:
             return None
         # Commit: a fresh communicator that the joiners also create.  Until it
         # exists a joiner may still be told to go (a revoked merged communicator).
-        started = time.perf_counter()
         adopted = None
         try:
             adopted = pending.merged.Dup()
             adopted.Set_errhandler(MPI.ERRORS_RETURN)
         except MPI.Exception:
             pass
-        agreed = comm.agree(1 if adopted is not None else 0)
-        if agreed != 1:
+        if comm.agree(1 if adopted is not None else 0) != 1 or len(comm.events) != pending.events:
             if adopted is not None:
                 comm.revoke(adopted)
                 comm.retire(adopted)
             self.abandon()
-            if agreed is None:
-                comm.repair(started)
             return None
         self._pending = None
         old_ids = list(comm.ids)

@@ -125,7 +125,7 @@ def local_mpi_errors(comm):
     with a non-failure MPI error (MPI_ERR_COMM): each must be a plain error here."""
     comm.mpi_comm.Free()
     errors = {}
-    for name, call in (("agree", lambda: comm.agree(1)), ("repair", comm.repair)):
+    for name, call in (("agree", lambda: comm._agree(comm.mpi_comm, 1)), ("repair", comm.repair)):
         try:
             call()
             errors[name] = None
