@@ -194,6 +194,8 @@ def _leave_together():
         except LeftEarly as exc:
             print(f"elastic_hvd: rank {_current.rank} (original {_current.original_id}) leaves "
                   f"the job; the other ranks go on without it ({exc})", file=sys.stderr, flush=True)
+            if _on_leaving_early is not None:
+                _on_leaving_early()
             os._exit(_exit_status or 0)
         except Exception as exc:  # below min_np (said already), or a failure at the very end
             if _current.below_min_np is None:
@@ -201,6 +203,16 @@ def _leave_together():
 
 
 _exit_status = None
+_on_leaving_early = None
+
+
+def when_leaving_early(hook):
+    """Call ``hook()`` if this process then leaves while other ranks go on training
+    (see ``ResilientComm.leave``), just before it exits: ``elastic-hvd-run``'s
+    wrapper records then that this rank did not complete the job -- its status
+    alone must not make a job whose other ranks were all lost count as completed."""
+    global _on_leaving_early
+    _on_leaving_early = hook
 
 
 def exit_with(status):

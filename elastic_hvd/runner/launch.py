@@ -260,13 +260,16 @@ def exit_status(code, outcomes):
     were killed, even all of them, and non-zero when a spawned process (a joiner)
     died.  Ranks lost on the way do not fail the job; a rank that finished with a
     non-zero status does (the lowest original id's status is returned), and so
-    does a job in which no rank finished.
+    does a job in which no rank completed: none finished, or those that did
+    *left early* (with status 0, while the others trained on) and the others
+    were all lost.
     """
     if not outcomes:  # not a Python command, or no rank could write to the status directory
         return code, (f"the job failed (mpirun exit status {code}); see the ranks' messages above"
                       if code else None)
     ended = [o for o in outcomes if o["code"] is not None]
-    if not ended and code == ANOMALY_EXIT_STATUS:
+    completed = [o for o in ended if not o.get("left")]
+    if not completed and code == ANOMALY_EXIT_STATUS:
         return code, (f"exit status {code}: strict mode ended the job on an anomaly (see the "
                       "'elastic_hvd: ANOMALY' line above)")
     if not ended:
@@ -279,6 +282,13 @@ def exit_status(code, outcomes):
         which = ", ".join(f"id {'?' if o['id'] is None else o['id']}: {o['code']}" for o in failed)
         return status, (f"exit status {status}: the program exited non-zero on {len(failed)} "
                         f"of the {len(ended)} ranks that finished ({which}; "
+                        f"mpirun exit status {code})")
+    if not completed:
+        status = code or 1
+        which = ", ".join(f"id {'?' if o['id'] is None else o['id']}" for o in ended)
+        return status, (f"exit status {status}: no rank completed: {len(ended)} left early with "
+                        f"status 0 ({which}) while the others trained on, and the other "
+                        f"{len(outcomes) - len(ended)} were all lost (killed or crashed; "
                         f"mpirun exit status {code})")
     if code:
         return 0, (f"mpirun exited with status {code} for processes lost on the way, but the "

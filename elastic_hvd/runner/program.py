@@ -6,7 +6,9 @@ spawned to grow the job run it too (they run the ranks' own command line, see
 :func:`elastic_hvd.core.spawn.program_argv`).  In ``$ELASTIC_HVD_STATUS_DIR`` each
 process writes ``<host>-<pid>.json``: ``{"id": null, "code": null}`` when it starts,
 then its exit code, its original id and the job's members then (original ids)
-when the program *ends by itself* (returns or calls ``sys.exit``).  A process
+when the program *ends by itself* (returns or calls ``sys.exit``), and ``"left": true``
+once it has then *left early*: the others went on training without it (see
+``ResilientComm.leave``), so it completed nothing by itself.  A process
 killed, crashed, or ended by an uncaught exception (which the runtime turns into
 a crash when other ranks go on, see ``runtime._at_exit``) keeps ``"code": null``:
 it was lost; so does a spawned process that the job gave up before adopting it
@@ -42,13 +44,22 @@ def exit_code(code):
     return code & 0xFF if isinstance(code, int) else 1
 
 
-def _record(path, code):
+def _record(path, code, left=False):
     runtime = sys.modules.get("elastic_hvd.core.runtime")  # imported if the program used it
     comm = runtime.current() if runtime and runtime.is_initialized() else None
     with open(path + ".tmp", "w") as f:
         json.dump({"id": comm and comm.original_id, "code": code,
-                   "members": comm and list(comm.ids)}, f)
+                   "members": comm and list(comm.ids), "left": left}, f)
     os.replace(path + ".tmp", path)
+
+
+def _ended(path, code):
+    """Record that the program ended with ``code``, and have the runtime record it
+    again, as left early, if this rank then leaves while the others train on."""
+    _record(path, code)
+    runtime = sys.modules.get("elastic_hvd.core.runtime")
+    if runtime is not None:
+        runtime.when_leaving_early(lambda: _record(path, code, left=True))
 
 
 def main():
@@ -64,13 +75,13 @@ def main():
     except SystemExit as exc:
         growth = sys.modules.get("elastic_hvd.core.growth")
         if path and not (growth and isinstance(exc, growth.JoinAbandoned)):
-            _record(path, exit_code(exc.code))
+            _ended(path, exit_code(exc.code))
         runtime = sys.modules.get("elastic_hvd.core.runtime")
         if runtime is not None:  # it may have to end the process itself (see _at_exit)
             runtime.set_exit_status(exit_code(exc.code))
         raise
     if path:
-        _record(path, 0)
+        _ended(path, 0)
 
 
 if __name__ == "__main__":

@@ -39,3 +39,9 @@ if case == "one_exits" and comm.original_id == 1:
 if case == "all_killed":
     comm.barrier()  # everyone is done, then every rank dies
     os.kill(os.getpid(), signal.SIGKILL)
+if case == "left_then_others_lost":
+    if comm.original_id == 3:
+        sys.exit(0)  # leaves early (as a SIGTERM handler does): the others train on ...
+    for _ in range(COLLECTIVES):
+        comm.allreduce(np.ones(1024, dtype=np.float32))
+    os.kill(os.getpid(), signal.SIGKILL)  # ... and are all lost
