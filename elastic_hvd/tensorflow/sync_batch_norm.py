@@ -67,13 +67,18 @@ class SyncBatchNormalization(_BatchNormalization):
     """Synchronous batch normalization: in training, the mean and variance are those of
     the joint batch of all live ranks (see :mod:`elastic_hvd.tensorflow.sync_batch_norm`).
 
-    Horovod's constructor: ``fused`` must be False (the fused kernel computes its own
-    statistics); every other argument is ``BatchNormalization``'s.
+    Horovod's constructor: ``fused=True`` is refused (the fused kernel computes its own
+    statistics), and so is ``fused=None`` where it would pick that kernel (Keras 2,
+    tf_keras); Keras 3 has no fused kernel and no ``fused`` argument, so there False
+    and None both mean the unfused computation.  Every other argument is
+    ``BatchNormalization``'s.
     """
 
     def __init__(self, fused=False, **kwargs):
-        if fused in (True, None):
-            raise ValueError("SyncBatchNormalization does not support fused=True.")
+        if fused or (fused is None and not _KERAS3):
+            raise ValueError(f"SyncBatchNormalization does not support fused={fused} "
+                             "(the fused kernel computes the statistics of this rank's "
+                             "batch alone); pass fused=False.")
         if not _KERAS3:
             kwargs["fused"] = fused
         super().__init__(**kwargs)
