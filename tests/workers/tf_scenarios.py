@@ -229,7 +229,7 @@ def training_state(phase, directory):
         result["queue"] = saved["sampler"]["queue"]
     result.update(digest=digest(model.get_weights()),
                   optimizer=digest(v.numpy() for v in model.optimizer.variables  # not the rate
-                                   if "learning_rate" not in v.path),
+                                   if "learning_rate" not in v.name),
                   lr=float(model.optimizer.learning_rate.numpy()), step=session.step,
                   lr_factor=session.lr_factor)
     report.write(comm.original_id, **result)
