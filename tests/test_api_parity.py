@@ -9,7 +9,7 @@ import inspect
 
 import pytest
 
-from horovod_api_0_28_1 import HOROVOD_API
+from horovod_api_0_28_1 import HOROVOD_API, HOROVOD_MEMBERS
 
 MODULES = {
     "horovod.tensorflow": "elastic_hvd.tensorflow",
@@ -63,6 +63,48 @@ def test_name_and_parameters(module, name, params):
     expected = [p for p in params if not p.startswith("*")]
     got = _parameters(getattr(ours, name))
     assert got[:len(expected)] == expected, f"{name}: ours {got}, Horovod {expected}"
+
+
+def _made_by(factory, what):
+    """An object that ``factory`` (ours) returns, as Horovod's factory returns the
+    object its HOROVOD_MEMBERS entry "factory() -> what" describes."""
+    import tensorflow as tf
+    made = {"tape": lambda: factory(tf.GradientTape()),
+            "Keras optimizer": lambda: factory(tf.keras.optimizers.SGD(0.1)),
+            "TF1 optimizer": lambda: factory(tf.compat.v1.train.GradientDescentOptimizer(0.1))}
+    return made[what]()
+
+
+def _ours_for(key):
+    """Our object for a HOROVOD_MEMBERS key: a class, or what a factory returns."""
+    path, _, what = key.partition("() -> ")
+    module, _, name = path.rpartition(".")
+    found = getattr(importlib.import_module(MODULES[module]), name)
+    return _made_by(found, what) if what else found
+
+
+MEMBER_CASES = [(key, member, params) for key, members in HOROVOD_MEMBERS.items()
+                if (key.rpartition(".")[0], key.rpartition(".")[2]) not in NOT_PROVIDED
+                for member, params in members.items()]
+
+
+@pytest.mark.parametrize("key,member,params", MEMBER_CASES,
+                         ids=[f"{k}.{m}" for k, m, _ in MEMBER_CASES])
+def test_methods_and_properties_of_classes_and_returned_objects(key, member, params):
+    """Horovod's classes, and the objects its DistributedOptimizer and gradient tapes
+    return, have their public methods and properties here, with Horovod's parameters."""
+    ours = _ours_for(key)
+    assert hasattr(ours, member), f"{key} lacks {member}"
+    if params == "attribute":
+        return
+    method = getattr(ours, member)
+    names = [p.name for p in inspect.signature(method).parameters.values()
+             if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    if inspect.isclass(ours) and not isinstance(inspect.getattr_static(ours, member),
+                                                staticmethod):
+        names = names[1:]  # self
+    expected = [p for p in params if not p.startswith("*")]
+    assert names[:len(expected)] == expected, f"{key}.{member}: ours {names}, Horovod {expected}"
 
 
 def test_calls_before_init_raise_a_clear_error():

@@ -107,8 +107,21 @@ class State:
         self._reset_callbacks.extend(callbacks)
 
     def on_reset(self):
+        self.reset()
         for callback in self._reset_callbacks:
             callback()
+
+    def reset(self):
+        """Horovod's hook for subclasses: called by :meth:`on_reset` before the reset
+        callbacks (here: after the job grew).  Nothing to do by default."""
+
+    def on_hosts_updated(self, timestamp, update_res):
+        """Not provided: Horovod's driver calls it to announce host changes; here ranks
+        join through the growth policy checked by :meth:`check_host_updates`."""
+        raise NotImplementedError(
+            "State.on_hosts_updated is how Horovod's elastic driver announces host changes; "
+            "elastic_hvd has no such driver: joining ranks are found by commit() "
+            "(check_host_updates) through the growth policy")
 
     def commit(self):
         self.save()

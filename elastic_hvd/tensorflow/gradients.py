@@ -159,15 +159,30 @@ def _agg_helper(self):
         "elastic_hvd.tensorflow.gradients.LocalAccumulator)")
 
 
+def _no_averaged_gradients(name):
+    return NotImplementedError(
+        f"DistributedOptimizer.{name}, which returns allreduced gradients in Horovod, is "
+        "not provided: elastic_hvd averages gradients in apply_gradients()/apply() (the step "
+        "transaction), so gradients from here would be averaged twice. Compute them with a "
+        "tf.GradientTape (hvd.DistributedGradientTape to see them averaged) or call "
+        "minimize()")
+
+
 def _compute_gradients(self, loss, var_list, grad_loss=None, tape=None):
     """Not provided: Horovod's Keras DistributedOptimizer returns averaged gradients
     here, elastic_hvd averages them in ``apply_gradients()``/``apply()`` (the step
     transaction), so gradients from here would be averaged twice."""
-    raise NotImplementedError(
-        "DistributedOptimizer._compute_gradients, Horovod's internal that returns allreduced "
-        "gradients, is a part of Horovod that elastic_hvd does not provide: elastic_hvd "
-        "averages gradients in apply_gradients()/apply(). Compute them with a tf.GradientTape "
-        "(hvd.DistributedGradientTape to see them averaged) or call minimize()")
+    raise _no_averaged_gradients("_compute_gradients")
+
+
+def _refused_compute_gradients(self, loss, var_list, tape=None):
+    """Not provided, as :func:`_compute_gradients`."""
+    raise _no_averaged_gradients("compute_gradients")
+
+
+def _refused_get_gradients(self, loss, params):
+    """Not provided, as :func:`_compute_gradients`."""
+    raise _no_averaged_gradients("get_gradients")
 
 
 def _distributed_class(base):
@@ -180,6 +195,12 @@ def _distributed_class(base):
             "_agg_helper": property(_agg_helper)}
     if not issubclass(base, tf.compat.v1.train.Optimizer):  # Keras, as Horovod's wrapper
         body["_compute_gradients"] = _compute_gradients
+        # Horovod's public ones too, where the optimizer lacks them (Keras 3); where it
+        # has them they give this rank's gradients, and apply_gradients() averages.
+        for name, refusal in (("compute_gradients", _refused_compute_gradients),
+                              ("get_gradients", _refused_get_gradients)):
+            if not hasattr(base, name):
+                body[name] = refusal
         if hasattr(base, "_compute_gradients"):  # tf_keras' legacy ones minimize() with it
             def minimize(self, loss, var_list, grad_loss=None, name=None, tape=None):
                 pairs = base._compute_gradients(self, loss, var_list=var_list,
@@ -283,11 +304,27 @@ class DistributedGradientTape:
     def register_local_source(self, source):
         self._reducer.register_local_var(source)
 
-    def gradient(self, target, sources, output_gradients=None, **kwargs):
+    def gradient(self, target, sources, output_gradients=None, use_generic_names=False,
+                 **kwargs):
+        """The tape's gradients, averaged across ranks (registered local sources' only
+        scaled, see ``scale_local_gradients``).  ``use_generic_names`` (Horovod's names
+        of its ops) changes nothing here; ``kwargs`` go to ``tf.GradientTape.gradient``."""
         grads = self._tape.gradient(target, sources, output_gradients, **kwargs)
         flat = tf.nest.flatten(grads)
         reduced = self._reducer(flat, tf.nest.flatten(sources))
         return tf.nest.pack_sequence_as(grads, reduced)
+
+    def get_local_and_global_gradients(self, target, sources, output_gradients=None,
+                                       use_generic_names=False):
+        """:meth:`gradient`, split as Horovod splits it: ``([(source, gradient)] of the
+        registered local sources, [(source, gradient)] of the others)``, in the order of
+        ``sources``."""
+        sources = list(sources)
+        pairs = zip(sources, self.gradient(target, sources, output_gradients))
+        local, shared = [], []
+        for source, grad in pairs:
+            (local if id(source) in self._reducer.local_vars else shared).append((source, grad))
+        return local, shared
 
 
 def PartialDistributedGradientTape(gradtape, device_dense="", device_sparse="",

@@ -34,6 +34,10 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         self.local_variables = {id(v) for v in local_variables or []}
         self.broadcast_done = False
 
+    def register_local_var(self, var):
+        """Leave ``var`` out of the broadcast: it is this rank's own."""
+        self.local_variables.add(id(var))
+
     def _broadcast(self):
         variables = list(self.model.variables)
         optimizer = getattr(self.model, "optimizer", None)

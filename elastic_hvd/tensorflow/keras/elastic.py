@@ -17,8 +17,12 @@ class CommitStateCallback(tf.keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         self.batches_remaining -= 1
         if self.batches_remaining == 0:
-            self.state.commit()
+            self.commit()
             self.batches_remaining = self.batches_per_commit
+
+    def commit(self):
+        """Commit the state now (Horovod's callbacks have it too)."""
+        self.state.commit()
 
 
 class UpdateBatchStateCallback(tf.keras.callbacks.Callback):
