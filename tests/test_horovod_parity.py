@@ -64,6 +64,29 @@ def test_uneven_alltoall_raises_invalid_argument_on_every_rank(two_ranks):
             assert errors[f"alltoall {mode}"] == ["tf.InvalidArgumentError"], mode
 
 
+@pytest.mark.multirank
+def test_same_size_in_another_shape_raises_failed_precondition_on_every_rank(two_ranks):
+    # Horovod's coordinator (horovod/common/controller.cc, ConstructResponse) compares
+    # every rank's full shape -- all dimensions for allreduce, broadcast and
+    # reducescatter, those after the first for allgather and alltoall -- and answers a
+    # difference with an error: FailedPreconditionError on every rank.  Before, a fused
+    # buffer's flat shape let 4x6 and 6x4 add non-corresponding elements.
+    for rank in two_ranks:
+        for case, errors in rank["same size, other shape"].items():
+            assert errors is not None and "tf.FailedPreconditionError" in errors, case
+        assert "(4, 6)" in rank["mismatch message"] and "(6, 4)" in rank["mismatch message"]
+        assert rank["after errors"] == [2.0, 2.0]
+
+
+@pytest.mark.multirank
+def test_inplace_broadcast_returns_and_assigns_the_roots_values_in_every_mode(two_ranks):
+    # horovod/tensorflow/mpi_ops.py broadcast_: the variables' values read after the
+    # in-place broadcast; test_horovod_broadcast_inplace_[multiple_]cpu.
+    for rank in two_ranks:
+        for mode, values in rank["broadcast_"].items():
+            assert values == [[1.0]] * 6, mode
+
+
 # -- 2. gradients of allgather and broadcast ---------------------------------------------
 
 
@@ -174,6 +197,19 @@ def test_alltoall_takes_splits_as_an_int32_tensor(one_rank):
             assert one_rank["alltoall"][f"{dtype} {mode}"] == [[1, 2, 3], [3]], (dtype, mode)
 
 
+def test_partial_tape_splits_local_and_global_gradients(one_rank):
+    # horovod/tensorflow/__init__.py _DistributedGradientTape.get_local_and_global_gradients:
+    # ([(source, gradient)] of the local sources, [(source, gradient)] of the others).
+    assert one_rank["local and global"] == [[[1.0, 3.0]], [[2.0, 5.0]]]
+
+
+def test_alltoall_without_splits_returns_the_tensor_alone(one_rank):
+    # horovod/tensorflow/mpi_ops.py alltoall: ``(output, rsplits) if splits is not None
+    # else output``.
+    for mode in MODES:
+        assert one_rank["alltoall"][f"no splits {mode}"] == [1, 2, 3], mode
+
+
 # -- 6. reducescatter gradients ---------------------------------------------------------------
 
 
@@ -274,7 +310,7 @@ def test_keras_wrapper_internals_are_horovods_or_name_themselves(tf_hvd):
     tf, hvd = tf_hvd
     optimizer = hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.1))
     assert optimizer._agg_helper is None
-    with pytest.raises(NotImplementedError, match="_compute_gradients, Horovod's internal"):
+    with pytest.raises(NotImplementedError, match="_compute_gradients, which returns allreduced"):
         optimizer._compute_gradients(lambda: 0.0, [])
     accumulating = hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.1),
                                             backward_passes_per_step=2)

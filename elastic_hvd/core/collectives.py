@@ -109,18 +109,24 @@ class CollectivesMixin:
         return self._mpi_ops[op]
 
     def allreduce(self, array, op=ReduceOp.SUM, prescale_factor=1.0, postscale_factor=1.0,
-                  out=None):
+                  out=None, shapes=None):
         """Reduce ``array`` over all live ranks; Average divides by the live size.
 
         ``out`` (optional, not aliasing ``array``) receives the result and saves an
         allocation per call.  Scaling and averaging round as Horovod's do (see
         :func:`_scale`): an integer average is truncated toward zero.
+
+        ``shapes``: when ``array`` is a buffer that packs arrays of these shapes end to
+        end (a fused allreduce), the call's signature carries them instead of the
+        buffer's flat shape, which would let ranks that pack tensors of equal sizes but
+        other shapes (4x6 and 6x4) reduce elements that do not correspond; Horovod
+        refuses them (its coordinator compares each tensor's full shape).
         """
         x = _contiguous(array)
         pieces = config.current().allreduce_piece_bytes
         # The piece size is part of the call: ranks cutting differently would mismatch.
-        signature = ("allreduce", x.dtype.str, x.shape, int(op),
-                     float(prescale_factor), float(postscale_factor), pieces)
+        signature = ("allreduce", x.dtype.str, x.shape if shapes is None else tuple(shapes),
+                     int(op), float(prescale_factor), float(postscale_factor), pieces)
 
         def attempt(comm):  # validation happens here, once ranks agree on the call
             mpi_op = self._mpi_op(check_op(op))
@@ -163,15 +169,17 @@ class CollectivesMixin:
 
         return self.run(signature, attempt)
 
-    def broadcast(self, array, root_rank=0):
+    def broadcast(self, array, root_rank=0, shapes=None):
         """``array`` of ``root_rank`` on every rank.
 
         If the root dies before the broadcast completes everywhere, the lowest
         surviving rank becomes the root and its ``array`` is broadcast instead.
-        The root gets its own ``array`` back (not a copy).
+        The root gets its own ``array`` back (not a copy).  ``shapes``: as in
+        :meth:`allreduce` (a fused broadcast).
         """
         x = _contiguous(array)
-        signature = ("broadcast", x.dtype.str, x.shape, int(root_rank))
+        signature = ("broadcast", x.dtype.str, x.shape if shapes is None else tuple(shapes),
+                     int(root_rank))
         ids = self.ids
 
         def attempt(comm):

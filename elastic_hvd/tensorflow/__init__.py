@@ -114,9 +114,13 @@ def broadcast(tensor, root_rank, name=None, ignore_name_scope=False,
 
 
 def broadcast_(variables, root_rank, name=None, process_set=global_process_set):
-    """Broadcast in place: assign ``root_rank``'s values to ``variables``; returns them."""
-    broadcast_variables(variables, root_rank, process_set=process_set)
-    return variables
+    """Broadcast in place: assign ``root_rank``'s values to ``variables``; returns their
+    values read after the assignment, as Horovod does (returning the variables
+    themselves would leave a graph nothing to fetch that runs the broadcast)."""
+    variables = list(variables)
+    with tf.control_dependencies([broadcast_variables(variables, root_rank,
+                                                      process_set=process_set)]):
+        return [v.read_value() for v in variables]
 
 
 def broadcast_variables(variables, root_rank, process_set=global_process_set, inplace=False):
@@ -133,7 +137,8 @@ def broadcast_variables(variables, root_rank, process_set=global_process_set, in
         for i, a in enumerate(arrays):
             by_dtype.setdefault(a.dtype, []).append(i)
         for idx in by_dtype.values():
-            flat = comm.broadcast(np.concatenate([arrays[i].reshape(-1) for i in idx]), root_rank)
+            flat = comm.broadcast(np.concatenate([arrays[i].reshape(-1) for i in idx]), root_rank,
+                                  shapes=[arrays[i].shape for i in idx])
             offset = 0
             for i in idx:
                 out[i] = flat[offset:offset + arrays[i].size].reshape(arrays[i].shape)
@@ -175,7 +180,8 @@ def allgather_object(obj, session=None, name=None, process_set=global_process_se
 
 def alltoall(tensor, splits=None, name=None, ignore_name_scope=False,
              process_set=global_process_set):
-    """Returns ``(received, received_splits)``; rows for ranks that die are dropped."""
+    """``received``, and ``(received, received_splits)`` when ``splits`` is given (as
+    Horovod returns); rows for ranks that die are dropped."""
     _ops._check_process_set(process_set)
     tensor = tf.convert_to_tensor(tensor)
     name = name or "HorovodAlltoall"
@@ -189,7 +195,8 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False,
             return back
         return (received, rsplits), grad
 
-    return exchange(tensor)
+    received, rsplits = exchange(tensor)
+    return received if splits is None else (received, rsplits)
 
 
 def reducescatter(tensor, device_dense="", compression=Compression.none, op=Average, name=None,

@@ -28,6 +28,10 @@ Average, Sum, Adasum, Min, Max, Product = (
 class ProcessSet:
     """A set of ranks.  Only the global set (all live ranks) is supported."""
 
+    #: Horovod's fields: the set's id (0 for the global set), its ranks (None: all)
+    #: and its MPI communicator (None: elastic_hvd makes none for a set).
+    process_set_id = ranks = mpi_comm = None
+
     def __init__(self, ranks_or_comm=None):
         self.ranks = None if ranks_or_comm is None else list(ranks_or_comm)
         self.process_set_id = 0 if ranks_or_comm is None else None
@@ -223,8 +227,10 @@ def fused_allreduce(arrays, op, prescale_factor=1.0, postscale_factor=1.0):
     """Allreduce many numpy arrays in as few collectives as possible.
 
     Arrays of one dtype are packed into buffers of at most the fusion threshold;
-    each buffer is one resilient collective.  Every result starts on a 64-byte
-    boundary (segments are padded with zeros), so TF can take it without a copy.
+    each buffer is one resilient collective, whose signature carries the arrays'
+    shapes (ranks that pack other shapes mismatch, even with equal sizes).  Every
+    result starts on a 64-byte boundary (segments are padded with zeros), so TF can
+    take it without a copy.
     """
     comm = _comm()
     results = [None] * len(arrays)
@@ -247,7 +253,8 @@ def fused_allreduce(arrays, op, prescale_factor=1.0, postscale_factor=1.0):
                 send[start:start + arrays[j].size] = arrays[j].reshape(-1)
         reduced = comm.allreduce(send, op=op, prescale_factor=prescale_factor,
                                  postscale_factor=postscale_factor,
-                                 out=_aligned_empty(send.size, dtype))
+                                 out=_aligned_empty(send.size, dtype),
+                                 shapes=[arrays[j].shape for j in batch])
         for j, start in zip(batch, starts):
             results[j] = reduced[start:start + arrays[j].size].reshape(arrays[j].shape)
 

@@ -110,6 +110,11 @@ def one_rank():
         for mode, run in modes(exchange).items():
             received, splits = run()
             obs["alltoall"][f"{dtype.name} {mode}"] = [listed(received), listed(splits)]
+    # ... and without splits: the tensor alone (Horovod 0.28.1's return value).
+    for mode, run in modes(lambda: hvd.alltoall(tf.constant([1, 2, 3]))).items():
+        got = run()
+        obs["alltoall"][f"no splits {mode}"] = "pair" if isinstance(got, (tuple, list)) \
+            else listed(got)
 
     # reducescatter: scale factors on a group, gradients in every mode.
     a, b = tf.constant([[1.0, 2.0], [3.0, 4.0]]), tf.constant([[5.0], [7.0]])
@@ -126,6 +131,15 @@ def one_rank():
     optimizer = hvd.DistributedOptimizer(tf_keras.optimizers.legacy.SGD(0.25))
     optimizer.minimize(lambda: 2.0 * weight, [weight])
     obs["legacy minimize"] = float(weight.numpy())
+
+    # PartialDistributedGradientTape.get_local_and_global_gradients: d(3a + 5b), a local.
+    a, b = tf.Variable(1.0), tf.Variable(2.0)
+    with tf.GradientTape() as plain:
+        loss = 3.0 * a + 5.0 * b
+    tape = hvd.PartialDistributedGradientTape(plain)
+    tape.register_local_source(a)
+    obs["local and global"] = [[[float(s.numpy()), float(g.numpy())] for s, g in part]
+                               for part in tape.get_local_and_global_gradients(loss, [a, b])]
     report.write(r, **obs)
 
 
@@ -152,6 +166,70 @@ def reducescatter_gradients(r):
     return grads
 
 
+def same_size_other_shape(r):
+    """What each collective raises when rank 0's input has rank 1's number of elements
+    in another shape (or other trailing dimensions, where the first may differ): Horovod's
+    coordinator compares full shapes and fails them all (FailedPreconditionError); and
+    the message of the eager allreduce's error."""
+    def shaped(*shapes):
+        return tf.ones(shapes[r])
+
+    def variables():
+        return [tf.Variable(tf.ones([2, 2])), tf.Variable(shaped([4, 6], [6, 4]))]
+    cases = {
+        "allreduce": lambda: hvd.allreduce(shaped([4, 6], [6, 4])),
+        "allreduce 3-d": lambda: hvd.allreduce(shaped([17, 1311], [17, 23, 57])),
+        "grouped_allreduce": lambda: hvd.grouped_allreduce([tf.ones([3]),
+                                                            shaped([4, 6], [6, 4])]),
+        "broadcast": lambda: hvd.broadcast(shaped([4, 6], [6, 4]), 0),
+        "allgather": lambda: hvd.allgather(shaped([2, 6], [2, 3, 2])),
+        "reducescatter": lambda: hvd.reducescatter(shaped([4, 6], [6, 4])),
+        "alltoall": lambda: hvd.alltoall(shaped([2, 6], [2, 3, 2])),
+    }
+    got = {f"{name} {mode}": raised(run) for name, build in cases.items()
+           for mode, run in modes(build).items()}
+    held = variables()  # tf.function cannot create variables on every call
+
+    @tf.function
+    def broadcast_held():
+        hvd.broadcast_variables(held, 0)
+    got["broadcast_variables eager"] = raised(lambda: hvd.broadcast_variables(variables(), 0))
+    got["broadcast_variables function"] = raised(broadcast_held)
+    try:
+        hvd.allreduce(shaped([4, 6], [6, 4]))
+        message = None
+    except hvd.MismatchError as exc:
+        message = str(exc)
+    return got, message
+
+
+def broadcast_inplace(r):
+    """Horovod's test_horovod_broadcast_inplace_[multiple_]cpu: ``hvd.broadcast_`` of
+    variables holding the rank, from root 1, eagerly, in a tf.function and in a TF1
+    session (resource and reference variables): per mode, the distinct values of
+    what it returned, then of the variables."""
+    shapes = ([3], [3, 3], [3, 3, 3])
+
+    def distinct(values):
+        return [np.unique(v).tolist() for v in values]
+    held = [tf.Variable(tf.ones(s) * r) for s in shapes]
+    eager = [tf.Variable(tf.ones(s) * r) for s in shapes]
+    got = {"eager": distinct(hvd.broadcast_(eager, 1)) + distinct(eager),
+           "function": distinct(tf.function(lambda: hvd.broadcast_(held, 1))())
+           + distinct(held)}
+    for resource in (True, False):
+        with tf.Graph().as_default():
+            graph = [tf.compat.v1.Variable(tf.ones(s) * r, use_resource=resource)
+                     for s in shapes]
+            returned = hvd.broadcast_(graph, 1)
+            with tf.compat.v1.Session() as session:
+                session.run(tf.compat.v1.global_variables_initializer())
+                values = session.run(returned)
+                got[f"tf1 resource={resource}"] = distinct(values) + distinct(
+                    session.run(graph))
+    return got
+
+
 def two_ranks():
     r = hvd.rank()
     obs = {"rank": r}
@@ -175,6 +253,8 @@ def two_ranks():
         "alltoall eager": raised(uneven_alltoall),
         "alltoall function": raised(tf.function(uneven_alltoall)),
         "alltoall tf1": raised(in_session(uneven_alltoall))}
+    obs["same size, other shape"], obs["mismatch message"] = same_size_other_shape(r)
+    obs["broadcast_"] = broadcast_inplace(r)
     obs["after errors"] = listed(hvd.allreduce(tf.ones([2]), op=hvd.Sum))
 
     ints = [[-3, 3, -1, 5], [-4, 2, -2, -9]][r]
