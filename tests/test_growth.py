@@ -13,16 +13,16 @@ import time
 
 import pytest
 
-from mpijob import run_job
+from mpijob import job_processes, job_ranks, run_job
 
 pytestmark = pytest.mark.multirank
 
 STEPS = 120
 
 
-def grow(tmp_path, faults, *args, launcher=("--respawn",), timeout=180, env=None):
+def grow(tmp_path, faults, *args, launcher=("--respawn",), timeout=180, env=None, watcher=None):
     job = run_job("growth_scenarios.py", STEPS, *args, np=4, faults=faults, launcher=launcher,
-                  tmp_path=tmp_path, timeout=timeout, env=env)
+                  tmp_path=tmp_path, timeout=timeout, env=env, watcher=watcher)
     results = job.results
     final_ids = results[min(results)]["ids"]
     assert sorted(results) == sorted(final_ids), job.output[-4000:]
@@ -163,3 +163,31 @@ def test_rank_that_leaves_while_a_join_pends_does_not_hang(tmp_path):
         assert r["ids"] == [1, 2]
         assert [e["lost"] for e in r["events"]] == [[0]]
     assert "leaves the job; the other ranks go on without it" in job.output
+
+
+def _kill_a_rank_inside_the_spawn(out_dir, marker):
+    """A watcher: SIGKILL world rank 1 as soon as a spawned process appears (the
+    ranks then wait inside MPI_Comm_spawn for its MPI_Init, ~1 s)."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        for pid in job_processes(marker):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    spawned = b"elastic_hvd.runner.join" in f.read().split(b"\0")
+            except OSError:
+                continue
+            if spawned:
+                os.kill(job_ranks(marker)[1], signal.SIGKILL)
+                return
+        time.sleep(0.005)
+
+
+def test_rank_killed_inside_the_spawn_is_seen_at_once(tmp_path):
+    # Soak finding (b): a rank SIGKILLed while the others were inside MPI_Comm_spawn
+    # stalled everyone until the spawn timeout (60 s; 20 s in the tests), because
+    # the spawn does not fail by itself when a member dies.
+    job, results, ids = grow(tmp_path, "rank=2,step=10", watcher=_kill_a_rank_inside_the_spawn)
+    events = check_history(results, ids)
+    [loss] = [e for e in events if e["lost"] == [1]]
+    assert loss["detect_s"] < 5.0, events
+    assert "not done after" not in job.output, job.output[-3000:]
