@@ -43,6 +43,10 @@ STEP_BOUND_S = 10.0
 RSS_WARMUP_S, RSS_SPAN_S, RSS_GROWTH = 60.0, 60.0, 0.05
 VICTIM_GONE_S = 60.0
 LR_RTOL = 1e-5
+#: A known limit, still a violation but named: Open MPI 5.0.11's heartbeat detector
+#: never observes a spawned (respawned) process, so a frozen one is never evicted
+#: (reproduced in tests/test_liveness.py; issue 20 replaces respawn by hot spares).
+SPAWNED_STOP_LIMIT = "known limit: a stopped spawned process is never detected"
 
 
 @dataclasses.dataclass
@@ -180,7 +184,10 @@ class Invariants:
             self._victims_judged.add(key)
             self.checks["victims gone"] += 1
             if running(fault.pid):
-                self.violate("victims gone", f"pid {fault.pid} still runs {now - fault.t:.0f} s "
+                limit = (fault.kind == "STOP"
+                         and self.records.procs.get(fault.pid, {}).get("joining"))
+                self.violate("victims gone" + (f" [{SPAWNED_STOP_LIMIT}]" if limit else ""),
+                             f"pid {fault.pid} still runs {now - fault.t:.0f} s "
                              f"after {fault.kind} ({fault.moment})")
 
     def vanished(self, touched):
