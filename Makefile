@@ -69,6 +69,12 @@ bench-growth: install
 bench-hosts: install
 	$(PY) bench/failure_kinds.py --runs 3
 
+# How costs grow from 2 to 64 ranks, oversubscribed on this machine (issue 18): allreduce,
+# agreement, detection + repair; fits, docs/scale.png. ~10 min. Not part of `make test`.
+.PHONY: bench-scale
+bench-scale: install
+	$(PY) bench/scale.py --runs 4 --yield-check 8
+
 bench: bench-core bench-growth
 
 clean:
