@@ -65,6 +65,8 @@ def parse_args():
                         help="mean seconds between faults (uniform in 0.3-1.7 x this)")
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--out", default=None, help="default: runs/soak/<time>")
+    parser.add_argument("--avoid-known-limits", action="store_true",
+                        help="send KILL instead of STOP to spawned processes (see chaos.py)")
     return parser.parse_args()
 
 
@@ -81,7 +83,8 @@ class Soak:
         self.log_file = open(self.out / "driver.log", "a")
         self.records = JobRecords(self.out / "job")
         self.invariants = Invariants(self.records, SAMPLES, BASE_LR, self.log)
-        self.chaos = Chaos(self.rng, self.records, self.marker, self.log)
+        self.chaos = Chaos(self.rng, self.records, self.marker, self.log,
+                           args.avoid_known_limits)
         self.lines = queue.Queue()
         self.exit_status = None
 
