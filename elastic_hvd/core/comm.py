@@ -70,7 +70,7 @@ class ResilientComm(CollectivesMixin):
     """
 
     def __init__(self, MPI, comm, *, min_np=1, mismatch_timeout=5.0, elastic=True,
-                 heartbeat=None, invitation=None, strict=None):
+                 heartbeat=None, invitation=None):
         self.MPI = MPI
         self._failure_classes = (MPI.ERR_PROC_FAILED, MPI.ERR_PROC_FAILED_PENDING,
                                  MPI.ERR_REVOKED)
@@ -83,8 +83,7 @@ class ResilientComm(CollectivesMixin):
         self._predictor = SignaturePredictor()
         self._stamps = Stamps()
         #: Every anomaly this process met (see :mod:`.freshness`); list-like.
-        self.anomalies = Anomalies(config.current().strict if strict is None else strict,
-                                   lambda status: self._comm.Abort(status))
+        self.anomalies = Anomalies(config.current().strict, lambda status: self._comm.Abort(status))
         self._verify_next = False  # after a repair that lost nobody: see _verified
         self._anomaly_deadline = None  # a threading.Timer while an anomaly is repaired
         self._below_min = None
