@@ -12,9 +12,12 @@ def optimizer_variables(optimizer):
 
 
 def build_optimizer(optimizer, model):
-    """Create the optimizer's slots now (Keras 3 builds them at the first step), so
-    that state can be loaded into them before training."""
-    if hasattr(optimizer, "build") and not getattr(optimizer, "built", True):
+    """Create the optimizer's slots now (Keras 3 and Keras 2 build them at the first
+    step), so that state can be loaded into them before training.  Keras 2's optimizer
+    says it is built in ``_built``, not ``built`` (reading only ``built`` left it
+    unbuilt: a restart failed to load 5 saved variables into 1)."""
+    if hasattr(optimizer, "build") and not getattr(optimizer, "built",
+                                                   getattr(optimizer, "_built", False)):
         optimizer.build(model.trainable_variables)
 
 
