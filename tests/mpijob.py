@@ -48,10 +48,11 @@ def _descendants(pid):
     return found
 
 
-def _environ(pid):
-    """The environment ``pid`` started with, as bytes entries ([] if gone or not ours)."""
+def proc_entries(pid, what):
+    """``/proc/PID/<what>`` (``environ``: the environment it started with; ``cmdline``),
+    as bytes entries ([] if gone or not ours)."""
     try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
+        with open(f"/proc/{pid}/{what}", "rb") as f:
             return f.read().split(b"\0")
     except OSError:
         return []
@@ -64,7 +65,7 @@ def job_processes(marker, *wanted):
     found = []
     for entry in os.listdir("/proc"):
         if entry.isdigit() and int(entry) != os.getpid():
-            env = _environ(entry)
+            env = proc_entries(entry, "environ")
             if all(any(e.startswith(n) for e in env) for n in needed):
                 found.append(int(entry))
     return sorted(found)
@@ -86,7 +87,7 @@ def job_ranks(marker, host=None):
                     continue
         except OSError:
             continue
-        rank = [e for e in _environ(pid) if e.startswith(b"OMPI_COMM_WORLD_RANK=")]
+        rank = [e for e in proc_entries(pid, "environ") if e.startswith(b"OMPI_COMM_WORLD_RANK=")]
         if rank:
             ranks[int(rank[0].split(b"=")[1])] = pid
     return ranks

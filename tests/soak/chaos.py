@@ -34,7 +34,7 @@ import re
 import signal
 import time
 
-from mpijob import job_processes
+from mpijob import job_processes, proc_entries
 
 SIGNALS = {"KILL": signal.SIGKILL, "STOP": signal.SIGSTOP, "TERM": signal.SIGTERM,
            "RAISE": signal.SIGUSR1}
@@ -68,14 +68,6 @@ def process_state(pid):
         return None
 
 
-def _argv(pid):
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().split(b"\0")
-    except OSError:
-        return []
-
-
 def running(pid):
     return process_state(pid) not in (None, "Z", "X")
 
@@ -99,7 +91,7 @@ class Chaos:
         if pid in self._ours:
             return True
         if pid in job_processes(self.marker):
-            argv = _argv(pid)
+            argv = proc_entries(pid, "cmdline")
             if (any(a in argv for a in (b"elastic_hvd.runner.program", b"elastic_hvd.runner.join"))
                     and any(a.endswith(b"soak/job.py") for a in argv)):
                 self._ours.add(pid)
@@ -114,7 +106,8 @@ class Chaos:
             self.log(f"refused to signal pid {pid}: not one of the job's ranks")
             return None
         latest = self.records.latest.get(pid, {})
-        if kind == "STOP" and self.avoid_known_limits and b"elastic_hvd.runner.join" in _argv(pid):
+        spawned = b"elastic_hvd.runner.join" in proc_entries(pid, "cmdline")
+        if kind == "STOP" and self.avoid_known_limits and spawned:
             kind, note = "KILL", f"{note} (STOP of a spawned process sent as KILL: known limit)"
         try:
             os.kill(pid, SIGNALS[kind])
@@ -174,7 +167,7 @@ class Chaos:
         def spawned():
             time.sleep(0.02)  # a scan of /proc takes a few ms: not every ms
             return [pid for pid in job_processes(self.marker) if pid not in self.records.procs
-                    and b"elastic_hvd.runner.join" in _argv(pid)]
+                    and b"elastic_hvd.runner.join" in proc_entries(pid, "cmdline")]
         children = self._wait(spawned)
         if not children:
             return self._random(alive, note="(no spawn seen)")
