@@ -43,6 +43,7 @@ for i in range(1, calls + 1):
     wrong += comm.Agree(value) != value
     if mode == "paused":
         loop.resume()
+assert loop is None or loop._thread.is_alive(), "the progress loop ended"
 print("WRONG", comm.rank, wrong, flush=True)
 """
 

@@ -9,7 +9,7 @@ although it was alive.  Open MPI's own ``mpi_ft_detector_thread`` is unusable in
 5.0.11 (it crashes ``MPI_Init`` now and then and hangs ``MPI_Finalize``; see
 docs/liveness.md).  So :class:`NativeProgress` builds the progress loop out of
 native parts only: a private libevent base with a persistent timer whose callback
-is ``opal_progress`` itself, run by ``event_base_dispatch`` through ctypes.  ctypes
+is ``opal_progress`` itself, run by ``event_base_loop`` through ctypes.  ctypes
 releases the GIL for the duration of a foreign call, and that call only returns
 when we stop it: the loop sleeps in ``epoll_wait`` and calls ``opal_progress``
 every ``period / 10`` without ever touching Python.  A stopped (SIGSTOP) or
@@ -73,6 +73,7 @@ class _Timeval(ctypes.Structure):
 
 
 _EV_PERSIST = 0x10
+_EVLOOP_NO_EXIT_ON_EMPTY = 0x04  # libevent >= 2.1.2
 
 
 class NativeProgress:
@@ -97,8 +98,7 @@ class NativeProgress:
         ev.event_new.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_short,
                                  ctypes.c_void_p, ctypes.c_void_p]
         ev.event_add.argtypes = [ctypes.c_void_p, ctypes.POINTER(_Timeval)]
-        for name in ("event_base_dispatch", "event_base_loopbreak", "event_base_free",
-                     "event_free", "event_del"):
+        for name in ("event_base_loopbreak", "event_base_free", "event_free", "event_del"):
             getattr(ev, name).argtypes = [ctypes.c_void_p]
         self._ev = ev
         self._base = ev.event_base_new()
@@ -113,7 +113,10 @@ class NativeProgress:
         if not self._event or ev.event_add(self._event, ctypes.byref(self._tv)) != 0:
             raise OSError("could not arm the progress timer")
         # The whole life of this thread is one foreign call: the GIL is released.
-        self._thread = threading.Thread(target=ev.event_base_dispatch, args=(self._base,),
+        # EVLOOP_NO_EXIT_ON_EMPTY: a paused loop has no event, and would return for good.
+        ev.event_base_loop.argtypes = [ctypes.c_void_p, ctypes.c_int]
+        self._thread = threading.Thread(target=ev.event_base_loop,
+                                        args=(self._base, _EVLOOP_NO_EXIT_ON_EMPTY),
                                         name="elastic_hvd-progress", daemon=True)
         self._thread.start()
 
