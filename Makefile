@@ -38,7 +38,7 @@ test-tf215:
 	$(PYTHON) -m venv .venv-tf215
 	.venv-tf215/bin/python -m pip install --quiet --upgrade pip
 	.venv-tf215/bin/python -m pip install --quiet "tensorflow-cpu==2.15.1" "numpy<2" -e ".[test]"
-	.venv-tf215/bin/python -m pytest -q tests/test_tensorflow.py tests/test_api_parity.py
+	ELASTIC_HVD_STRICT=1 .venv-tf215/bin/python -m pytest -q tests/test_tensorflow.py tests/test_api_parity.py
 
 demo: install
 	$(VENV)/bin/elastic-hvd-run -np 4 --faults rank=2,step=40 python examples/fruits360/train.py
