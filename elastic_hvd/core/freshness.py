@@ -88,9 +88,6 @@ class Anomalies:
     def __iter__(self):
         return iter(self.seen)
 
-    def __getitem__(self, index):
-        return self.seen[index]
-
     def record(self, kind, **evidence):
         """Count, say and announce the anomaly ``kind``; in strict mode end the job."""
         entry = {"anomaly": kind, "time": time.time(), **evidence}
