@@ -22,9 +22,11 @@ planned.  So the driver picks, from a seeded random generator,
 At least ``MIN_ALIVE`` members always stay untouched: a fault that would leave
 fewer waits until respawned processes have refilled the job.
 
-``avoid_known_limits``: a ``STOP`` meant for a *spawned* process is sent as ``KILL``
-(and logged so): Open MPI 5.0.11's detector never observes a spawned process
-(``tests/test_liveness.py``), so the job would hang there until issue 20's spares
+``avoid_known_limits``: a ``STOP`` is sent as ``KILL`` (and logged so) when nobody
+would detect it: Open MPI 5.0.11's detector watches each ``MPI_COMM_WORLD`` only, so a
+*spawned* process is never observed (``tests/test_liveness.py``), and neither is a
+world rank once no other untouched world rank is left (seen: the job hung with a
+stopped rank 0 among joiners).  The job would hang there until issue 20's spares
 replace respawning.  Off by default: the full soak keeps meeting it.
 """
 
@@ -98,6 +100,13 @@ class Chaos:
                 return True
         return False
 
+    def _observed(self, pid):
+        """Whether Open MPI's detector would see ``pid`` freeze: a world rank (not
+        spawned) while another world rank is alive and untouched."""
+        def spawned(p):
+            return b"elastic_hvd.runner.join" in proc_entries(p, "cmdline")
+        return not spawned(pid) and any(not spawned(p) for p in self.alive() if p != pid)
+
     def _pick(self, weights):
         return self.rng.choices(list(weights), list(weights.values()))[0]
 
@@ -106,9 +115,8 @@ class Chaos:
             self.log(f"refused to signal pid {pid}: not one of the job's ranks")
             return None
         latest = self.records.latest.get(pid, {})
-        spawned = b"elastic_hvd.runner.join" in proc_entries(pid, "cmdline")
-        if kind == "STOP" and self.avoid_known_limits and spawned:
-            kind, note = "KILL", f"{note} (STOP of a spawned process sent as KILL: known limit)"
+        if kind == "STOP" and self.avoid_known_limits and not self._observed(pid):
+            kind, note = "KILL", f"{note} (a STOP nobody would detect sent as KILL: known limit)"
         try:
             os.kill(pid, SIGNALS[kind])
         except ProcessLookupError:
