@@ -70,6 +70,11 @@ def process_state(pid):
         return None
 
 
+def spawned(pid):
+    """Whether ``pid`` is a process spawned to refill the job (the join wrapper runs it)."""
+    return b"elastic_hvd.runner.join" in proc_entries(pid, "cmdline")
+
+
 def running(pid):
     return process_state(pid) not in (None, "Z", "X")
 
@@ -103,8 +108,6 @@ class Chaos:
     def _observed(self, pid):
         """Whether Open MPI's detector would see ``pid`` freeze: a world rank (not
         spawned) while another world rank is alive and untouched."""
-        def spawned(p):
-            return b"elastic_hvd.runner.join" in proc_entries(p, "cmdline")
         return not spawned(pid) and any(not spawned(p) for p in self.alive() if p != pid)
 
     def _pick(self, weights):
@@ -172,11 +175,11 @@ class Chaos:
         return None
 
     def _spawn(self, alive):
-        def spawned():
+        def new_processes():
             time.sleep(0.02)  # a scan of /proc takes a few ms: not every ms
-            return [pid for pid in job_processes(self.marker) if pid not in self.records.procs
-                    and b"elastic_hvd.runner.join" in proc_entries(pid, "cmdline")]
-        children = self._wait(spawned)
+            return [pid for pid in job_processes(self.marker)
+                    if pid not in self.records.procs and spawned(pid)]
+        children = self._wait(new_processes)
         if not children:
             return self._random(alive, note="(no spawn seen)")
         delay = self.rng.uniform(0.0, 1.5)
