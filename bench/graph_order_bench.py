@@ -1,5 +1,6 @@
 """Cost of ordering a graph's collectives (issue 13): microseconds per allreduce with
-8 independent allreduces of 1 KiB, eagerly, in a tf.function and in a TF1 session.
+8 independent allreduces of 1 KiB, eagerly, in a tf.function and in a TF1 session
+(there also each fed from a random op of its own, issue 19).
 
     elastic-hvd-run -np 2 python bench/graph_order_bench.py [--tf1]   # rank 0 prints JSON
 """
@@ -30,18 +31,24 @@ def per_op(fn):
     return round(float(np.median(best)), 1)
 
 
-def build():
-    return [hvd.allreduce(tf.fill([256], float(k)), op=hvd.Sum) for k in range(OPS)]
+def build(random=False):
+    """OPS independent allreduces; with ``random``, each is fed from a random op of its
+    own as in Horovod's "fused" tests (chained since issue 19; MismatchError before)."""
+    def source(k):
+        value = tf.fill([256], float(k))
+        return value + 0.0 * tf.random.uniform([256]) if random else value
+    return [hvd.allreduce(source(k), op=hvd.Sum) for k in range(OPS)]
 
 
 def main():
     hvd.init()
     result = {"eager": per_op(build), "function": per_op(tf.function(build))}
     if "--tf1" in sys.argv:  # before issue 13, a TF1 session could mismatch or hang here
-        with tf.Graph().as_default():
-            fetches = build()
-            with tf.compat.v1.Session() as session:
-                result["tf1"] = per_op(lambda: session.run(fetches))
+        for key, random in (("tf1", False), ("tf1_random_fed", True)):
+            with tf.Graph().as_default():
+                fetches = build(random)
+                with tf.compat.v1.Session() as session:
+                    result[key] = per_op(lambda f=fetches: session.run(f))
     if hvd.rank() == 0:
         print(json.dumps({"us_per_allreduce": result, "size": hvd.size()}), flush=True)
 

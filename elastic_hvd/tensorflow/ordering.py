@@ -14,14 +14,19 @@ order is fixed in the graph, before the executor sees it:
 * ``tf.function`` (and the conds and loops in it): TF's automatic control
   dependencies already chain every stateful op without resource inputs in creation
   order (``last_write_to_resource[None]`` in ``auto_control_deps.py``); nothing to add.
-* a plain (TF1) graph: :func:`chain` gives each new collective a control dependency
-  on the latest collective of the graph that it may force to run: one whose
-  ancestors need nothing that the new one does not need already (no placeholder,
-  iterator or other stateful op of its own; variables and constants are free).
-  Fetching the new collective then runs that earlier one too, but never consumes
-  an input or needs a feed it would not have.  Collectives fed from different
-  placeholders or iterators stay unordered (fetching them in one run can still
-  mismatch), and so do collectives inside ``tf.compat.v1.while_loop``.
+* a plain (TF1) graph: each new collective gets a control dependency on the latest
+  collective of the graph that it may force to run: one whose ancestors need
+  nothing that the new one does not need already (no placeholder, iterator or
+  other stateful op of its own; variables, constants and the legacy random ops are
+  free).  Fetching the new collective then runs that earlier one too, but never
+  consumes an input or needs a feed it would not have.  A legacy random op
+  (``tf.random.uniform``, ``tf.random.normal``, ...) keeps its generator in its own
+  kernel: forcing it only draws numbers that nobody fetched and moves its own
+  stream on, the same on every rank (Horovod's "fused" tests feed each collective
+  from one).  Ops of a ``tf.random.Generator`` share a generator's state with other
+  ops and are not free.  Collectives fed from different placeholders or iterators
+  stay unordered (fetching them in one run can still mismatch), and so do
+  collectives inside ``tf.compat.v1.while_loop``.
 
 Every rank builds the same graph, so creation order -- hence the chain -- is the
 same on every rank.  Eager code runs collectives in program order.
@@ -44,10 +49,14 @@ lock = threading.Lock()
 _FREE = frozenset(("Const", "VarHandleOp", "VariableV2", "Variable", "ReadVariableOp",
                    "Identity", "Fill", "NoOp"))
 _FEEDS = frozenset(("Placeholder", "PlaceholderV2"))
+#: Stateful only through a generator of their own kernel (see the module docstring).
+_OWN_RANDOM = frozenset(("RandomUniform", "RandomUniformInt", "RandomStandardNormal",
+                         "TruncatedNormal", "ParameterizedTruncatedNormal", "RandomGamma",
+                         "RandomPoisson", "RandomPoissonV2", "RandomShuffle", "Multinomial"))
 
 
 def needed():
-    """Whether a collective built now needs :func:`chain`: in a plain (TF1) graph, not
+    """Whether a collective built now must be chained: in a plain (TF1) graph, not
     in a function graph (whose automatic control dependencies order it already)."""
     graph = tf.compat.v1.get_default_graph()
     return ENABLED and not getattr(graph, "building_function", False)
@@ -67,9 +76,10 @@ def _ancestors(ops):
 
 def _needs(ancestors, collectives):
     """Names of the ops among ``ancestors`` that make running them more than a
-    computation: feeds and stateful ops (not variables, not our own collectives)."""
+    computation: feeds and stateful ops (not variables, not a random op's own
+    generator, not our own collectives)."""
     return {name for name, op in ancestors.items()
-            if name not in collectives and op.type not in _FREE
+            if name not in collectives and op.type not in _FREE and op.type not in _OWN_RANDOM
             and (op.type in _FEEDS or op._is_stateful)}
 
 

@@ -247,7 +247,10 @@ def graph_order(mode, reps="50", chain="1"):
         outs = []
         for k in range(3):
             outs.append(hvd_tf.allgather(tf.fill([r + 1, k + 1], float(r + 10 * k))))
-            outs.append(hvd_tf.allreduce(tf.fill([k + 2], float(r + k)), op=hvd_tf.Sum))
+            # Fed from a random op of its own too, as Horovod's "fused" tests are: still
+            # chained (issue 19); it adds nothing to the value.
+            noise = 0.0 * tf.random.uniform([k + 2], seed=k)
+            outs.append(hvd_tf.allreduce(tf.fill([k + 2], float(r + k)) + noise, op=hvd_tf.Sum))
             outs.append(hvd_tf.broadcast(tf.fill([2, k + 3], float(r + 100 * k)), 0))
         return outs
 
