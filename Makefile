@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 # tensorflow-cpu by default; GPU users: make TF_EXTRA=gpu ...
 TF_EXTRA ?= cpu
 
-.PHONY: install lint test test-fast test-tf215 demo soak bench bench-core bench-horovod bench-growth bench-hosts clean
+.PHONY: install lint test test-fast test-tf215 demo soak bench bench-core bench-horovod bench-growth bench-hosts compat-horovod clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -76,6 +76,12 @@ bench-hosts: install
 .PHONY: bench-scale
 bench-scale: install
 	$(PY) bench/scale.py --runs 4 --yield-check 8
+
+# Horovod 0.28.1's own TF/Keras tests, each a 2-rank job, on Keras 3 then tf_keras (issue 19; ~1 h): docs/horovod-tests.md.
+HOROVOD_SRC ?= ../.mirror/horovod+horovod/repo
+compat-horovod: install
+	$(PY) -m pip install --quiet cloudpickle mock parameterized
+	$(PY) bench/horovod_suite.py --horovod-src $(HOROVOD_SRC) --keras 3 tf_keras
 
 bench: bench-core bench-growth
 

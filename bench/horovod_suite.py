@@ -1,0 +1,409 @@
+"""Horovod 0.28.1's own TF/Keras tests, run against elastic_hvd (issue 19).
+
+Why: our tests check what we think Horovod does; Horovod's test files
+(``test/parallel/test_*tensorflow*.py``, ``test_*keras*.py``) are what Horovod checks
+itself.  This runs each of their test ids as its own 2-rank job under
+``elastic-hvd-run --as-horovod`` (``import horovod`` gives elastic_hvd), on Keras 3 and on
+tf_keras (``TF_USE_LEGACY_KERAS=1``), and classifies every failure with the rules in
+``RULES``: a *declared refusal* of elastic_hvd, the test file's own *Keras-2 code*
+failing on Keras 3 (or TF1 code on TF 2.21), or else *ours*.
+
+    .venv/bin/python bench/horovod_suite.py --horovod-src ../.mirror/horovod+horovod/repo
+    .venv/bin/python bench/horovod_suite.py --horovod-src DIR --keras 3 -k _fused
+
+``--horovod-src`` is a checkout of github.com/horovod/horovod or its git directory (a
+bare mirror); from a git directory the files of ``--ref`` are extracted to a temporary
+directory (nothing of Horovod's is written into this project).  Horovod's test helpers
+need ``cloudpickle``, ``mock`` and ``parameterized`` (``make compat-horovod`` installs
+them).  Results go to ``--out`` (JSON; a later run with ``-k`` replaces only the ids it
+ran), the table to stdout and ``--md``.  One job at a time: each is 2 ranks.
+
+This module is also the pytest plugin the ranks load (``-p horovod_suite``): with
+``$HVD_SUITE_REPORTS`` set, every test report is appended to
+``$HVD_SUITE_REPORTS/rank<N>.jsonl``.
+"""
+
+import argparse
+import ast
+import datetime
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BIN = os.path.dirname(sys.executable)
+KERAS = ("3", "tf_keras")
+
+# Known reasons, first match wins: (category, test-id regex or None, error regex or None,
+# note).  The error regex is searched in the exception lines (pytest's "E" lines) of every
+# failing report of both ranks.  Anything unmatched is "ours".
+RULES = [
+    ("ours", r"_fused$", None,
+     "being fixed: fused fetches in one session.run"),
+    # elastic_hvd's refusals (their messages: elastic_hvd/core/errors.py, tensorflow/gradients.py)
+    ("refusal", None, r"op=Adasum is not supported by elastic_hvd", "Adasum is refused"),
+    ("refusal", None, r"process sets other than the global one", "process sets are refused"),
+    ("refusal", None, r"DistributedOptimizer\.\w+, which returns allreduced gradients in "
+     r"Horovod, is not provided", "averaged gradients from compute/get_gradients are refused"),
+    ("refusal", None, r"_agg_helper, Horovod's LocalGradientAggregationHelper, is a part of "
+     r"Horovod that elastic_hvd does not provide", "_agg_helper is not provided"),
+    ("refusal", None, r"TF1 sessions are not supported by elastic_hvd's elastic state",
+     "elastic state in TF1 sessions is refused"),
+    # the test files' own Keras-2 / TF1 code
+    ("keras2", None, r"module 'tensorflow' has no attribute 'ConfigProto'",
+     "TF1 API (tf.ConfigProto) in the file: gone in TF 2.21"),
+]
+CATEGORIES = ("ours", "refusal", "keras2")
+
+
+# -- the pytest plugin side (runs in the ranks) ------------------------------------------
+
+
+def _record(report, kind):
+    folder = os.environ.get("HVD_SUITE_REPORTS")
+    if not folder or report.outcome == "passed" and kind == "collect":
+        return
+    longrepr = report.longrepr
+    crash = getattr(getattr(longrepr, "reprcrash", None), "message", None)
+    if isinstance(longrepr, tuple):  # a skip: (path, line, "Skipped: reason")
+        crash, text = longrepr[2], longrepr[2]
+    else:
+        text = str(longrepr) if longrepr is not None else ""
+    errors = [line[1:].strip() for line in text.splitlines() if line.startswith("E ")]
+    rec = {"kind": kind, "when": getattr(report, "when", "collect"), "outcome": report.outcome,
+           "xfail": hasattr(report, "wasxfail"), "crash": crash, "errors": errors[-40:]}
+    rank = os.environ.get("OMPI_COMM_WORLD_RANK", "0")
+    with open(os.path.join(folder, f"rank{rank}.jsonl"), "a") as f:
+        f.write(json.dumps(rec) + "\n")
+
+
+def pytest_runtest_logreport(report):
+    _record(report, "test")
+
+
+def pytest_collectreport(report):
+    _record(report, "collect")
+
+
+# -- the driver side ---------------------------------------------------------------------
+
+
+def extract(src, ref, dest):
+    """The directory holding Horovod's test/parallel (extracted from a git dir)."""
+    if os.path.isdir(os.path.join(src, "test", "parallel")):
+        return os.path.join(src, "test", "parallel")
+    git = ["git", "--git-dir", src]
+    names = subprocess.run(git + ["ls-tree", "-r", "--name-only", ref, "test/parallel",
+                                  "test/utils", "test/conftest.py"],
+                           check=True, capture_output=True, text=True).stdout.split()
+    for name in names:
+        os.makedirs(os.path.join(dest, os.path.dirname(name)), exist_ok=True)
+        with open(os.path.join(dest, name), "wb") as f:
+            f.write(subprocess.run(git + ["show", f"{ref}:{name}"], check=True,
+                                   capture_output=True).stdout)
+    return os.path.join(dest, "test", "parallel")
+
+
+def test_ids(folder, files):
+    """pytest ids of every test method (unittest classes) and function, by reading the files."""
+    ids = []
+    for name in files:
+        with open(os.path.join(folder, name)) as f:
+            tree = ast.parse(f.read())
+        for node in tree.body:
+            if isinstance(node, ast.ClassDef):
+                ids += [f"{name}::{node.name}::{m.name}" for m in node.body
+                        if isinstance(m, ast.FunctionDef) and m.name.startswith("test")]
+            elif isinstance(node, ast.FunctionDef) and node.name.startswith("test"):
+                ids.append(f"{name}::{node.name}")
+    return ids
+
+
+def strays(token):
+    """Processes still carrying this job's marker in their environment."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if f"HVD_SUITE_JOB={token}".encode() in f.read().split(b"\0"):
+                    found.append(int(pid))
+        except OSError:
+            pass
+    return found
+
+
+def run_one(folder, test_id, keras, timeout, work):
+    """Run ``test_id`` as one 2-rank job; its result record."""
+    reports = tempfile.mkdtemp(dir=work)
+    token = uuid.uuid4().hex
+    env = dict(os.environ, HVD_SUITE_REPORTS=reports, HVD_SUITE_JOB=token,
+               PYTHONPATH=os.pathsep.join(filter(None, [os.path.dirname(__file__),
+                                                        os.environ.get("PYTHONPATH")])))
+    env.pop("TF_USE_LEGACY_KERAS", None)
+    if keras == "tf_keras":
+        env["TF_USE_LEGACY_KERAS"] = "1"
+    cmd = [os.path.join(BIN, "elastic-hvd-run"), "-np", "2", "--as-horovod"]
+    for name in ("HVD_SUITE_REPORTS", "HVD_SUITE_JOB", "PYTHONPATH", "TF_USE_LEGACY_KERAS"):
+        if name in env:
+            cmd += ["-x", f"{name}={env[name]}"]
+    cmd += [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--color=no",
+            "-p", "horovod_suite", test_id]
+    start = time.monotonic()
+    proc = subprocess.Popen(cmd, cwd=folder, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    timed_out = False
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+    seconds = time.monotonic() - start
+    try:
+        os.killpg(proc.pid, 0)
+        left = True
+    except ProcessLookupError:
+        left = False
+    if left:
+        os.killpg(proc.pid, signal.SIGKILL)
+    left_pids = strays(token)
+    for pid in left_pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    recs = []
+    for name in sorted(os.listdir(reports)):
+        with open(os.path.join(reports, name)) as f:
+            recs += [dict(json.loads(line), rank=name[4:-6]) for line in f]
+    shutil.rmtree(reports, ignore_errors=True)
+    text = out.decode(errors="replace")
+    rec = outcome(recs, proc.returncode, timed_out, text)
+    rec.update(seconds=round(seconds, 1), rc=proc.returncode,
+               strays=len(left_pids) + left)
+    if rec["result"] in ("failed", "timeout"):
+        rec["category"], rec["note"] = classify(test_id, rec["errors"])
+        rec["tail"] = text[-3000:]
+    return rec
+
+
+def outcome(recs, rc, timed_out, text):
+    fails = [r for r in recs if r["outcome"] == "failed"]
+    skips = [r for r in recs if r["outcome"] == "skipped"]
+    passed_ranks = {r["rank"] for r in recs
+                    if r["outcome"] == "passed" and r["when"] == "call"}
+    if timed_out:
+        errors = [e for r in fails for e in r["errors"]] or error_lines(text)
+        return {"result": "timeout", "message": "timed out", "errors": errors}
+    if fails:
+        first = next((r for r in fails if r["when"] == "call"), fails[0])
+        return {"result": "failed", "message": first["crash"] or "?",
+                "errors": [e for r in fails for e in r["errors"] or [r["crash"] or ""]]}
+    if skips:
+        return {"result": "skipped", "message": skips[0]["crash"] or "", "errors": []}
+    if len(passed_ranks) == 2 and rc == 0:
+        return {"result": "passed", "message": "", "errors": []}
+    errors = error_lines(text)
+    why = "passed, then" if passed_ranks else "no test result,"
+    return {"result": "failed", "message": f"{why} exit status {rc}: "
+            + (errors[-1] if errors else "?"), "errors": errors}
+
+
+def error_lines(text):
+    """The lines of a job's output that look like errors (where pytest reported nothing)."""
+    pattern = re.compile(r"Error\b|Exception\b|error:|Abort|Killed|Segmentation")
+    lines = [line.strip() for line in text.splitlines() if pattern.search(line)]
+    return list(dict.fromkeys(lines))[-8:]
+
+
+def classify(test_id, errors):
+    text = "\n".join(errors)
+    for category, id_rule, error_rule, note in RULES:
+        if id_rule and not re.search(id_rule, test_id):
+            continue
+        if error_rule and not re.search(error_rule, text):
+            continue
+        return category, note
+    return "ours", None
+
+
+def versions():
+    code = ("import json, tensorflow as tf, keras, tf_keras, mpi4py.MPI as M; "
+            "print(json.dumps({'tensorflow': tf.__version__, 'keras': keras.__version__, "
+            "'tf_keras': tf_keras.__version__, "
+            "'mpi': M.Get_library_version().split(',')[0].strip()}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    info = json.loads(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 else {}
+    commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
+                            capture_output=True, text=True).stdout.strip()
+    return dict(info, elastic_hvd=commit, python=sys.version.split()[0])
+
+
+# -- the report --------------------------------------------------------------------------
+
+
+def cell(rec):
+    if rec is None:
+        return "-"
+    if rec["result"] in ("passed", "skipped"):
+        return rec["result"]
+    return f"{rec['result'].upper()} ({rec['category']})"
+
+
+def reason(rec):
+    if rec is None or rec["result"] == "passed":
+        return ""
+    if rec["result"] == "skipped":
+        return rec["message"].replace("Skipped: ", "skipped: ")
+    why = rec["note"] or rec["message"]
+    return f"{rec['category']}: {why}"
+
+
+def rows(data):
+    results = data["results"]
+    ids = sorted({i for k in KERAS for i in results.get(k, {})}, key=data["order"].index)
+    for test_id in ids:
+        recs = [results.get(k, {}).get(test_id) for k in KERAS]
+        reasons = [reason(r) for r in recs]
+        if reasons[0] == reasons[1]:
+            why = reasons[0]
+        else:
+            why = "; ".join(f"{label}: {r}" for label, r in zip(("Keras 3", "tf_keras"), reasons)
+                            if r)
+        file, *_, name = test_id.split("::")
+        yield f"{file}::{name}", cell(recs[0]), cell(recs[1]), why
+
+
+def summary(data):
+    parts = []
+    for keras in KERAS:
+        recs = list(data["results"].get(keras, {}).values())
+        if not recs:
+            continue
+        count = {r: sum(rec["result"] == r for rec in recs) for r in ("passed", "skipped")}
+        bad = [rec for rec in recs if rec["result"] in ("failed", "timeout")]
+        timeouts = sum(rec["result"] == "timeout" for rec in bad)
+        cats = ", ".join(f"{c} {sum(rec['category'] == c for rec in bad)}" for c in CATEGORIES)
+        parts.append(f"{'Keras 3' if keras == '3' else keras} {count['passed']} passed, "
+                     f"{count['skipped']} skipped, {len(bad)} failed ({cats})"
+                     + (f" [{timeouts} of them timed out]" if timeouts else ""))
+    return "horovod tests: " + "; ".join(parts)
+
+
+def clip(text, width=160):
+    text = " ".join(text.split()).replace("|", "\\|")
+    return text if len(text) <= width else text[:width - 1] + "…"
+
+
+def markdown(data):
+    meta = data["meta"]
+    v = meta.get("versions", {})
+    lines = [
+        "# Horovod's own TF/Keras tests on elastic_hvd",
+        "",
+        f"Horovod {meta['ref']}'s `test/parallel` files whose name has `tensorflow` or "
+        "`keras`, each test id run as its own 2-rank job "
+        "(`elastic-hvd-run -np 2 --as-horovod python -m pytest FILE::Class::test`, "
+        f"{meta['timeout']} s each), once on Keras 3 and once on tf_keras "
+        "(`TF_USE_LEGACY_KERAS=1`). Generated by `bench/horovod_suite.py` "
+        "(`make compat-horovod`), with these commands:",
+        "",
+        *[f"    {command}" for command in meta["commands"]],
+        "",
+        f"Date: {meta['date']}. Versions: TensorFlow {v.get('tensorflow')}, Keras "
+        f"{v.get('keras')}, tf_keras {v.get('tf_keras')}, {v.get('mpi')}, Python "
+        f"{v.get('python')}, elastic_hvd {v.get('elastic_hvd')}.",
+        "",
+        "A failure's reason is *refusal* (elastic_hvd refuses this by design, with a message), "
+        "*keras2* (the test file's own Keras-2 or TF1 code, which cannot run on Keras 3 / "
+        "TF 2.21) or *ours* (elastic_hvd's; unexplained failures count as ours). The rules "
+        "are `RULES` in the script.",
+        "",
+        f"**{summary(data)}**",
+        "",
+        "| test | Keras 3 | tf_keras | reason |",
+        "|---|---|---|---|",
+    ]
+    lines += [f"| `{t}` | {a} | {b} | {clip(why)} |" for t, a, b, why in rows(data)]
+    return "\n".join(lines) + "\n"
+
+
+def print_table(data):
+    table = list(rows(data))
+    width = max([len(t) for t, *_ in table] + [4])
+    print(f"{'test':{width}}  {'Keras 3':18}  {'tf_keras':18}  reason")
+    for t, a, b, why in table:
+        print(f"{t:{width}}  {a:18}  {b:18}  {clip(why, 200)}")
+    print(summary(data))
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--horovod-src", required=True,
+                   help="a horovod checkout, or its git directory (bare mirror)")
+    p.add_argument("--ref", default="v0.28.1", help="tag/commit, when --horovod-src is a git dir")
+    p.add_argument("--keras", nargs="+", choices=KERAS, default=list(KERAS))
+    p.add_argument("--files", nargs="+",
+                   help="test files (default: test/parallel/test_*{tensorflow,keras}*.py)")
+    p.add_argument("-k", action="append", default=[],
+                   help="run only ids containing this text (repeatable: any of them)")
+    p.add_argument("--timeout", type=float, default=180, help="seconds per test job")
+    p.add_argument("--out", default=os.path.join(ROOT, "runs", "horovod-tests.json"))
+    p.add_argument("--md", default=os.path.join(ROOT, "docs", "horovod-tests.md"))
+    p.add_argument("--resume", action="store_true", help="skip ids already in --out")
+    p.add_argument("--report-only", action="store_true", help="only print/write from --out")
+    args = p.parse_args()
+
+    data = {"results": {}, "order": [], "meta": {}}
+    if os.path.exists(args.out):
+        with open(args.out) as f:
+            data = json.load(f)
+    work = tempfile.mkdtemp(prefix="horovod-tests-")
+    try:
+        if not args.report_only:
+            folder = extract(os.path.abspath(args.horovod_src), args.ref, work)
+            files = args.files or sorted(
+                n for n in os.listdir(folder) if n.startswith("test_") and n.endswith(".py")
+                and ("tensorflow" in n or "keras" in n))
+            ids = test_ids(folder, files)
+            data["order"] = list(dict.fromkeys(data["order"] + ids))
+            ids = [i for i in ids if not args.k or any(k in i for k in args.k)]
+            meta = data["meta"]
+            command = " ".join([".venv/bin/python", "bench/horovod_suite.py", *sys.argv[1:]])
+            meta.update(ref=args.ref, timeout=args.timeout, versions=versions(),
+                        date=datetime.date.today().isoformat(),
+                        commands=list(dict.fromkeys(meta.get("commands", []) + [command])))
+            for keras in args.keras:
+                done = data["results"].setdefault(keras, {})
+                todo = [i for i in ids if not (args.resume and i in done)]
+                for n, test_id in enumerate(todo, 1):
+                    rec = run_one(folder, test_id, keras, args.timeout, work)
+                    done[test_id] = rec
+                    print(f"[{n}/{len(todo)}] keras={keras} {test_id}: {cell(rec)} "
+                          f"{rec['seconds']}s {clip(reason(rec), 200)}"
+                          + (f" ({rec['strays']} STRAY processes killed)"
+                             if rec["strays"] else ""), flush=True)
+                    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+                    with open(args.out, "w") as f:
+                        json.dump(data, f, indent=1)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    for keras in KERAS:  # re-classify: the rules may have changed since a result was stored
+        for test_id, rec in data["results"].get(keras, {}).items():
+            if rec["result"] in ("failed", "timeout"):
+                rec["category"], rec["note"] = classify(test_id, rec["errors"])
+    if args.md:
+        with open(args.md, "w") as f:
+            f.write(markdown(data))
+    print_table(data)
+
+
+if __name__ == "__main__":
+    main()
