@@ -9,7 +9,8 @@ starts.  Nothing named ``horovod`` is installed: an import hook placed first on
 and says so.
 
 Besides the API, the helper modules that code written for Horovod imports
-(``horovod.tensorflow.util``, ``horovod.common.util``, ``horovod.runner.util.threads``)
+(``horovod.tensorflow.util``, ``horovod.common.util``, ``horovod.runner.util.threads``,
+``horovod.runner.common.util.env``)
 map to elastic_hvd's stand-ins, which hold their cheap, harmless names; asking one
 (or a package above it) for any other name raises an AttributeError naming it as a
 Horovod internal that elastic_hvd does not provide (:func:`not_provided`).  Every
@@ -39,6 +40,9 @@ ALIASES = {
     "horovod.runner": "elastic_hvd.runner",
     "horovod.runner.util": "elastic_hvd.runner.util",
     "horovod.runner.util.threads": "elastic_hvd.runner.util.threads",
+    "horovod.runner.common": "elastic_hvd.runner.common",
+    "horovod.runner.common.util": "elastic_hvd.runner.common.util",
+    "horovod.runner.common.util.env": "elastic_hvd.runner.common.util.env",
 }
 
 

@@ -304,6 +304,18 @@ def test_executing_eagerly_and_util_as_horovod_has_them(tf_hvd):
         hvd.util.nothing_such  # noqa: B018
 
 
+def test_horovods_internal_modules_on_hvd_name_themselves(tf_hvd):
+    # horovod/tensorflow/__init__.py imports from its modules mpi_ops, functions and
+    # gradient_aggregation, so Horovod's hvd carries them; Horovod's dynamic process-set
+    # test reads hvd.mpi_ops._basics.
+    tf, hvd = tf_hvd
+    for name in ("mpi_ops", "functions", "gradient_aggregation"):
+        with pytest.raises(AttributeError, match=f"horovod.tensorflow.{name} is a part of "
+                                                 "Horovod that elastic_hvd does not provide"):
+            getattr(hvd, name)
+    assert not hasattr(hvd, "no_such_name") and hvd.util.__name__ == "elastic_hvd.tensorflow.util"
+
+
 def test_keras_wrapper_internals_are_horovods_or_name_themselves(tf_hvd):
     # horovod/_keras/__init__.py: the wrapper's _agg_helper is None unless
     # backward_passes_per_step > 1; its _compute_gradients returns allreduced gradients.
@@ -365,3 +377,22 @@ def test_horovods_helper_modules_resolve_to_stand_ins(horovod_alias):
         runner.run  # noqa: B018
     with pytest.raises(ImportError, match="horovod.spark has no elastic_hvd equivalent"):
         importlib.import_module("horovod.spark")
+
+
+def test_runner_env_helper_gives_the_launch_rank_and_size(horovod_alias, monkeypatch):
+    # Horovod's process-set tests call get_env_rank_and_size() before init()
+    # (horovod/runner/common/util/env.py): HOROVOD_*, then OMPI_COMM_WORLD_*, then PMI_*.
+    env = importlib.import_module("horovod.runner.common.util.env")
+    for name in ("HOROVOD_RANK", "HOROVOD_SIZE", "OMPI_COMM_WORLD_RANK",
+                 "OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMI_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    assert env.get_env_rank_and_size() == (0, 1)
+    monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "1")
+    monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "2")
+    assert env.get_env_rank_and_size() == (1, 2)
+    monkeypatch.setenv("HOROVOD_RANK", "3")
+    with pytest.raises(RuntimeError, match="only one of HOROVOD_RANK and HOROVOD_SIZE"):
+        env.get_env_rank_and_size()
+    with pytest.raises(AttributeError, match="horovod.runner.common.util.env.is_kubeflow_mpi "
+                                             "is a part of Horovod"):
+        env.is_kubeflow_mpi  # noqa: B018

@@ -11,6 +11,7 @@ from ..basics import (ccl_built, cross_rank, cross_size, cuda_built, ddl_built, 
                       is_initialized, local_rank, local_size, mpi_built, mpi_enabled,
                       mpi_threads_supported, nccl_built, rank, rocm_built, shutdown, size)
 from ..core import runtime
+from ..horovod_alias import not_provided
 from ..core.errors import (MismatchError, NotInitializedError,  # noqa: F401
                            RanksBelowMinimumError, RemoteCollectiveError)
 from . import ops as _ops
@@ -27,6 +28,18 @@ from .timeline import start_timeline, stop_timeline  # noqa: F401
 from . import util  # noqa: F401 (Horovod's hvd.util)
 from .util import (_executing_eagerly, handle_average_backwards_compatibility,  # noqa: F401
                    refs_to_vars, vars_to_refs)
+
+#: Horovod's modules that its ``horovod.tensorflow`` carries as attributes
+#: (``hvd.mpi_ops._basics``, ...) and elastic_hvd does not provide.
+_HOROVOD_INTERNAL_MODULES = ("mpi_ops", "functions", "gradient_aggregation",
+                             "gradient_aggregation_eager")
+
+
+def __getattr__(name):
+    if name in _HOROVOD_INTERNAL_MODULES:  # an error naming them, as for other internals
+        not_provided("horovod.tensorflow")(name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 #: Raised by Horovod when a collective fails; here failures are survived, and the
 #: one that ends training (too few ranks left) is raised on every rank.
@@ -88,10 +101,20 @@ def _allreduce_slices(slices, op, prescale_factor, postscale_factor):
         raise NotImplementedError("Only Sum and Average ops are supported with tf.IndexedSlices")
     if prescale_factor != 1.0 or postscale_factor != 1.0:
         raise NotImplementedError("Pre/postscale_factor are not supported with tf.IndexedSlices")
-    _, gathered = _ops.reduce_together([], [(s.values, s.indices) for s in slices], op,
+    values = [_true_division_input(s.values) if op == Average else s.values for s in slices]
+    _, gathered = _ops.reduce_together([], [(v, s.indices) for v, s in zip(values, slices)], op,
                                        name="HorovodAllgatherSlices")
     return [tf.IndexedSlices(values, indices, dense_shape=s.dense_shape)
             for (values, indices), s in zip(gathered, slices)]
+
+
+def _true_division_input(values):
+    """Horovod averages slices with ``values / size`` (TF's true division), so integer
+    values come back as floats, as ``/`` gives them (float32 up to 16 bits, float64
+    above), not truncated in their own dtype."""
+    if not values.dtype.is_integer:
+        return values
+    return tf.cast(values, tf.float32 if values.dtype.size <= 2 else tf.float64)
 
 
 def allgather(tensor, name=None, ignore_name_scope=False, process_set=global_process_set):

@@ -102,6 +102,12 @@ def main():
     check("indexed slices", isinstance(got, tf.IndexedSlices)
           and got.indices.numpy().tolist() == list(range(n))
           and np.allclose(got.values.numpy()[:, 0], [(r + 1) / n for r in range(n)]))
+    # integer slices are averaged as Horovod does, by `values / size`: floats, not truncated
+    for dtype, want in ((tf.uint8, tf.float32), (tf.int32, tf.float64)):
+        ints = tf.IndexedSlices(tf.constant([[me + 1, 1]], dtype=dtype), tf.constant([me]))
+        got = hvd.allreduce(ints, op=hvd.Average)
+        check(f"indexed slices {dtype.name} average", got.values.dtype == want
+              and np.allclose(got.values.numpy(), [[(r + 1) / n, 1 / n] for r in range(n)]))
     # gradients flow through the collectives as in Horovod (averaged over the ranks)
     v = tf.Variable(float(me + 1))
     with tf.GradientTape() as tape:
