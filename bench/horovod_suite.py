@@ -43,22 +43,39 @@ KERAS = ("3", "tf_keras")
 
 # Known reasons, first match wins: (category, test-id regex or None, error regex or None,
 # note).  The error regex is searched in the exception lines (pytest's "E" lines) of every
-# failing report of both ranks.  Anything unmatched is "ours".
+# failing report of both ranks; a "keras2" rule only where no traceback went through
+# elastic_hvd's code (the test file's own code failed).  Anything unmatched is "ours".
 RULES = [
     ("ours", r"_fused$", None,
      "being fixed: fused fetches in one session.run"),
-    # elastic_hvd's refusals (their messages: elastic_hvd/core/errors.py, tensorflow/gradients.py)
+    # elastic_hvd's refusals (their messages: elastic_hvd/core/errors.py, tensorflow/gradients.py,
+    # horovod_alias.py)
     ("refusal", None, r"op=Adasum is not supported by elastic_hvd", "Adasum is refused"),
-    ("refusal", None, r"process sets other than the global one", "process sets are refused"),
+    ("refusal", None, r"process sets other than the global one .* are not supported",
+     "process sets are refused"),
     ("refusal", None, r"DistributedOptimizer\.\w+, which returns allreduced gradients in "
-     r"Horovod, is not provided", "averaged gradients from compute/get_gradients are refused"),
+     r"Horovod, is not provided", "averaged gradients from _compute_gradients are refused"),
     ("refusal", None, r"_agg_helper, Horovod's LocalGradientAggregationHelper, is a part of "
      r"Horovod that elastic_hvd does not provide", "_agg_helper is not provided"),
     ("refusal", None, r"TF1 sessions are not supported by elastic_hvd's elastic state",
      "elastic state in TF1 sessions is refused"),
+    ("refusal", None, r"(\S+) is a part of Horovod that elastic_hvd does not provide",
+     "a Horovod internal, not provided"),
     # the test files' own Keras-2 / TF1 code
     ("keras2", None, r"module 'tensorflow' has no attribute 'ConfigProto'",
      "TF1 API (tf.ConfigProto) in the file: gone in TF 2.21"),
+    ("keras2", None, r"Argument\(s\) not recognized: \{'lr'",
+     "optimizer(lr=...): Keras 3 knows only learning_rate="),
+    ("keras2", None, r"`keras\.optimizers\.legacy` is not supported in Keras 3",
+     "keras.optimizers.legacy: not in Keras 3"),
+    ("keras2", None, r"'Variable' object has no attribute 'ref'",
+     "Variable.ref() on a Keras 3 variable (a tf.Variable's method)"),
+    ("keras2", None, r"keras\.losses' has no attribute 'mean_squared_error'",
+     "keras.losses.mean_squared_error: not in Keras 3's tf.keras"),
+    ("keras2", None, r"BaseOptimizer\.__init__\(\) missing 1 required positional argument: "
+     r"'learning_rate'", "an Optimizer subclass without learning_rate: Keras 3 requires it"),
+    ("keras2", None, r"Unrecognized keyword arguments passed to BatchNormalization: "
+     r"\{'fused'", "BatchNormalization(fused=...): not in Keras 3"),
 ]
 CATEGORIES = ("ours", "refusal", "keras2")
 
@@ -77,8 +94,10 @@ def _record(report, kind):
     else:
         text = str(longrepr) if longrepr is not None else ""
     errors = [line[1:].strip() for line in text.splitlines() if line.startswith("E ")]
+    ours = sorted(set(re.findall(r"elastic_hvd/[\w/]+\.py:\d+", text)))
     rec = {"kind": kind, "when": getattr(report, "when", "collect"), "outcome": report.outcome,
-           "xfail": hasattr(report, "wasxfail"), "crash": crash, "errors": errors[-40:]}
+           "xfail": hasattr(report, "wasxfail"), "crash": crash or (errors or [None])[-1],
+           "errors": errors[-40:], "ours_frames": ours}
     rank = os.environ.get("OMPI_COMM_WORLD_RANK", "0")
     with open(os.path.join(folder, f"rank{rank}.jsonl"), "a") as f:
         f.write(json.dumps(rec) + "\n")
@@ -111,44 +130,73 @@ def extract(src, ref, dest):
     return os.path.join(dest, "test", "parallel")
 
 
-def test_ids(folder, files):
-    """pytest ids of every test method (unittest classes) and function, by reading the files."""
+def environment(keras, **extra):
+    env = dict(os.environ, **extra)
+    env.pop("TF_USE_LEGACY_KERAS", None)
+    if keras == "tf_keras":
+        env["TF_USE_LEGACY_KERAS"] = "1"
+    return env
+
+
+def test_ids(folder, files, keras):
+    """pytest's ids of the tests in ``files`` (one process, ``--collect-only``); for a file
+    that does not import, the test methods (unittest classes) and functions it defines."""
+    out = subprocess.run([sys.executable, "-m", "elastic_hvd.runner.as_horovod", "-m", "pytest",
+                          "--collect-only", "-q", "-p", "no:cacheprovider", *files],
+                         cwd=folder, env=environment(keras), capture_output=True, text=True,
+                         timeout=600).stdout
+    collected = [line for line in out.splitlines() if re.match(r"[\w.]+\.py::\S+$", line)]
     ids = []
     for name in files:
-        with open(os.path.join(folder, name)) as f:
-            tree = ast.parse(f.read())
-        for node in tree.body:
-            if isinstance(node, ast.ClassDef):
-                ids += [f"{name}::{node.name}::{m.name}" for m in node.body
-                        if isinstance(m, ast.FunctionDef) and m.name.startswith("test")]
-            elif isinstance(node, ast.FunctionDef) and node.name.startswith("test"):
-                ids.append(f"{name}::{node.name}")
+        mine = [i for i in collected if i.startswith(name + "::")]
+        if not mine:
+            with open(os.path.join(folder, name)) as f:
+                tree = ast.parse(f.read())
+            for node in tree.body:
+                if isinstance(node, ast.ClassDef):
+                    mine += [f"{name}::{node.name}::{m.name}" for m in node.body
+                             if isinstance(m, ast.FunctionDef) and m.name.startswith("test")]
+                elif isinstance(node, ast.FunctionDef) and node.name.startswith("test"):
+                    mine.append(f"{name}::{node.name}")
+        ids += mine
     return ids
 
 
 def strays(token):
-    """Processes still carrying this job's marker in their environment."""
-    found = []
+    """{pid: command line} of the processes carrying this job's marker in their environment
+    (mpirun starts the ranks in sessions of their own: killpg would not reach them)."""
+    found = {}
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{pid}/environ", "rb") as f:
                 if f"HVD_SUITE_JOB={token}".encode() in f.read().split(b"\0"):
-                    found.append(int(pid))
+                    with open(f"/proc/{pid}/cmdline", "rb") as c:
+                        found[int(pid)] = c.read().replace(b"\0", b" ").decode()[:200]
         except OSError:
             pass
     return found
+
+
+def reap(token, grace):
+    """Kill what is left of a job once ``grace`` seconds have not seen it end; what was killed."""
+    deadline = time.monotonic() + grace
+    while (left := strays(token)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    for pid in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return sorted(left.values())
 
 
 def run_one(folder, test_id, keras, timeout, work):
     """Run ``test_id`` as one 2-rank job; its result record."""
     reports = tempfile.mkdtemp(dir=work)
     token = uuid.uuid4().hex
-    env = dict(os.environ, HVD_SUITE_REPORTS=reports, HVD_SUITE_JOB=token,
-               PYTHONPATH=os.pathsep.join(filter(None, [os.path.dirname(__file__),
-                                                        os.environ.get("PYTHONPATH")])))
-    env.pop("TF_USE_LEGACY_KERAS", None)
-    if keras == "tf_keras":
-        env["TF_USE_LEGACY_KERAS"] = "1"
+    env = environment(keras, HVD_SUITE_REPORTS=reports, HVD_SUITE_JOB=token,
+                      PYTHONPATH=os.pathsep.join(filter(None, [os.path.dirname(__file__),
+                                                               os.environ.get("PYTHONPATH")])))
     cmd = [os.path.join(BIN, "elastic-hvd-run"), "-np", "2", "--as-horovod"]
     for name in ("HVD_SUITE_REPORTS", "HVD_SUITE_JOB", "PYTHONPATH", "TF_USE_LEGACY_KERAS"):
         if name in env:
@@ -158,27 +206,17 @@ def run_one(folder, test_id, keras, timeout, work):
     start = time.monotonic()
     proc = subprocess.Popen(cmd, cwd=folder, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, start_new_session=True)
-    timed_out = False
+    timed_out, left = False, []
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         timed_out = True
         os.killpg(proc.pid, signal.SIGKILL)
+        reap(token, 0)  # the ranks (a timeout's are not strays)
         out, _ = proc.communicate()
     seconds = time.monotonic() - start
-    try:
-        os.killpg(proc.pid, 0)
-        left = True
-    except ProcessLookupError:
-        left = False
-    if left:
-        os.killpg(proc.pid, signal.SIGKILL)
-    left_pids = strays(token)
-    for pid in left_pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    if not timed_out:
+        left = reap(token, 5)
     recs = []
     for name in sorted(os.listdir(reports)):
         with open(os.path.join(reports, name)) as f:
@@ -187,9 +225,9 @@ def run_one(folder, test_id, keras, timeout, work):
     text = out.decode(errors="replace")
     rec = outcome(recs, proc.returncode, timed_out, text)
     rec.update(seconds=round(seconds, 1), rc=proc.returncode,
-               strays=len(left_pids) + left)
+               strays=left)
     if rec["result"] in ("failed", "timeout"):
-        rec["category"], rec["note"] = classify(test_id, rec["errors"])
+        rec["category"], rec["note"] = classify(test_id, rec)
         rec["tail"] = text[-3000:]
     return rec
 
@@ -205,7 +243,8 @@ def outcome(recs, rc, timed_out, text):
     if fails:
         first = next((r for r in fails if r["when"] == "call"), fails[0])
         return {"result": "failed", "message": first["crash"] or "?",
-                "errors": [e for r in fails for e in r["errors"] or [r["crash"] or ""]]}
+                "errors": [e for r in fails for e in r["errors"] or [r["crash"] or ""]],
+                "ours_frames": sorted({f for r in fails for f in r.get("ours_frames", [])})}
     if skips:
         return {"result": "skipped", "message": skips[0]["crash"] or "", "errors": []}
     if len(passed_ranks) == 2 and rc == 0:
@@ -223,12 +262,16 @@ def error_lines(text):
     return list(dict.fromkeys(lines))[-8:]
 
 
-def classify(test_id, errors):
-    text = "\n".join(errors)
+def classify(test_id, rec):
+    """(category, note) of a failed or timed-out test, by ``RULES``."""
+    text = "\n".join(rec["errors"])
+    through_ours = rec.get("ours_frames", ["?"]) != []  # unknown: as if it went through ours
     for category, id_rule, error_rule, note in RULES:
         if id_rule and not re.search(id_rule, test_id):
             continue
         if error_rule and not re.search(error_rule, text):
+            continue
+        if category == "keras2" and through_ours:
             continue
         return category, note
     return "ours", None
@@ -358,6 +401,8 @@ def main():
     p.add_argument("--out", default=os.path.join(ROOT, "runs", "horovod-tests.json"))
     p.add_argument("--md", default=os.path.join(ROOT, "docs", "horovod-tests.md"))
     p.add_argument("--resume", action="store_true", help="skip ids already in --out")
+    p.add_argument("--failed", action="store_true",
+                   help="run only the ids that failed or timed out in --out (per --keras)")
     p.add_argument("--report-only", action="store_true", help="only print/write from --out")
     args = p.parse_args()
 
@@ -372,23 +417,25 @@ def main():
             files = args.files or sorted(
                 n for n in os.listdir(folder) if n.startswith("test_") and n.endswith(".py")
                 and ("tensorflow" in n or "keras" in n))
-            ids = test_ids(folder, files)
-            data["order"] = list(dict.fromkeys(data["order"] + ids))
-            ids = [i for i in ids if not args.k or any(k in i for k in args.k)]
             meta = data["meta"]
             command = " ".join([".venv/bin/python", "bench/horovod_suite.py", *sys.argv[1:]])
             meta.update(ref=args.ref, timeout=args.timeout, versions=versions(),
                         date=datetime.date.today().isoformat(),
                         commands=list(dict.fromkeys(meta.get("commands", []) + [command])))
             for keras in args.keras:
+                ids = test_ids(folder, files, keras)
+                data["order"] = list(dict.fromkeys(data["order"] + ids))
+                ids = [i for i in ids if not args.k or any(k in i for k in args.k)]
                 done = data["results"].setdefault(keras, {})
-                todo = [i for i in ids if not (args.resume and i in done)]
+                todo = [i for i in ids if not (args.resume and i in done)
+                        and not (args.failed and done.get(i, {}).get("result") in
+                                 (None, "passed", "skipped"))]
                 for n, test_id in enumerate(todo, 1):
                     rec = run_one(folder, test_id, keras, args.timeout, work)
                     done[test_id] = rec
                     print(f"[{n}/{len(todo)}] keras={keras} {test_id}: {cell(rec)} "
                           f"{rec['seconds']}s {clip(reason(rec), 200)}"
-                          + (f" ({rec['strays']} STRAY processes killed)"
+                          + (f" (STRAY processes killed: {rec['strays']})"
                              if rec["strays"] else ""), flush=True)
                     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
                     with open(args.out, "w") as f:
@@ -398,7 +445,7 @@ def main():
     for keras in KERAS:  # re-classify: the rules may have changed since a result was stored
         for test_id, rec in data["results"].get(keras, {}).items():
             if rec["result"] in ("failed", "timeout"):
-                rec["category"], rec["note"] = classify(test_id, rec["errors"])
+                rec["category"], rec["note"] = classify(test_id, rec)
     if args.md:
         with open(args.md, "w") as f:
             f.write(markdown(data))
