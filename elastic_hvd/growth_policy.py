@@ -22,6 +22,9 @@ class GrowthPolicy:
     the death of one kills its siblings (measured here).  A spawned job of one
     process loses nobody else.
 
+    ``spares``: the job has hot spares (:mod:`.core.spares`): a lost rank is replaced by
+    a ready spare first, back up to the size the job started with; when none is left,
+    by a spawned process if ``respawn``.
     ``respawn``: replace lost ranks, back up to the size the job started with.
     ``max_np`` + ``discover`` (a callable returning ``{host: slots}``, run on rank 0
     in a background thread every ``interval`` seconds): add ranks while slots are
@@ -37,8 +40,9 @@ class GrowthPolicy:
     growth_point = False
 
     def __init__(self, respawn=False, max_np=None, discover=None, interval=5.0,
-                 check_every=10, retry_steps=20, max_failures=3):
+                 check_every=10, retry_steps=20, max_failures=3, spares=False):
         self.respawn, self.max_np, self.discover = respawn, max_np, discover
+        self.spares = spares
         self.interval, self.check_every, self.retry_steps = interval, check_every, retry_steps
         self.steps = 0           # step boundaries seen (the same on every rank)
         self.next_try = 0        # no spawn before this step
@@ -60,10 +64,10 @@ class GrowthPolicy:
             discover = lambda: read_hostfile(hostfile)  # noqa: E731
         return cls(respawn=settings.respawn, max_np=settings.max_np, discover=discover,
                    interval=settings.discovery_interval,
-                   check_every=settings.discovery_check_every)
+                   check_every=settings.discovery_check_every, spares=settings.spares > 0)
 
     def __bool__(self):
-        return bool(self.respawn or (self.max_np and self.discover))
+        return bool(self.respawn or self.spares or (self.max_np and self.discover))
 
     def state(self):
         return {"steps": self.steps, "next_try": self.next_try, "failures": self.failures,
@@ -97,7 +101,11 @@ class GrowthPolicy:
         if comm.join_pending or self.steps < self.next_try:
             return None
         count, hosts = self.wanted(comm)
-        if count > 0 and not comm.spawn(1, hosts[:1]):
+        if count <= 0:
+            return None
+        if self.spares and comm.spares_left:
+            comm.adopt_spare(self.lost_hosts(comm))  # none ready yet: the next step tries again
+        elif (self.respawn or (self.max_np and self.discover)) and not comm.spawn(1, hosts[:1]):
             self._failed()
         return None
 
@@ -108,7 +116,7 @@ class GrowthPolicy:
 
     def wanted(self, comm):
         """(ranks to add, hosts to put them on) -- the same on every rank."""
-        target = comm.initial_size if self.respawn else comm.size
+        target = comm.initial_size if self.respawn or self.spares else comm.size
         placed = comm.hosts()
         if self.discovered and self.max_np:
             target = max(target, min(self.max_np, sum(self.discovered.values())))
@@ -122,8 +130,12 @@ class GrowthPolicy:
             for host, slots in sorted(self.discovered.items()):
                 free += [host] * max(0, slots - placed.count(host))
             return min(count, len(free)), free[:count]
-        lost = [comm.host_of(i) for e in reversed(comm.events) for i in e.lost]
-        return count, [h for h in lost if h][:count]
+        return count, self.lost_hosts(comm)[:count]
+
+    @staticmethod
+    def lost_hosts(comm):
+        """Hosts of the lost ranks, the latest first."""
+        return [h for h in (comm.host_of(i) for e in reversed(comm.events) for i in e.lost) if h]
 
     def _start_discovery(self, comm):
         if self._thread is not None or comm.rank != 0:
@@ -158,8 +170,9 @@ def warn_if_cannot_grow(session, comm):
 
     def check(_ids):
         session.commits.remove(check)
-        if not GrowthPolicy.growth_point and comm.rank == 0:
-            what = "--respawn" if policy.respawn else f"--max-np {policy.max_np}"
+        if not GrowthPolicy.growth_point and comm.rank == 0 and not comm.joining:
+            what = ("--respawn" if policy.respawn else "--spares" if policy.spares
+                    else f"--max-np {policy.max_np}")
             print(CANNOT_GROW_WARNING.format(what=what), file=sys.stderr, flush=True)
 
     session.commits.add(check)

@@ -70,7 +70,7 @@ class ResilientComm(CollectivesMixin):
     """
 
     def __init__(self, MPI, comm, *, min_np=1, mismatch_timeout=5.0, elastic=True,
-                 heartbeat=None, invitation=None):
+                 heartbeat=None, invitation=None, pool=()):
         self.MPI = MPI
         self._failure_classes = (MPI.ERR_PROC_FAILED, MPI.ERR_PROC_FAILED_PENDING,
                                  MPI.ERR_REVOKED)
@@ -92,12 +92,12 @@ class ResilientComm(CollectivesMixin):
         self.label = ""
         self._procs = {}
         if invitation is not None:  # a joiner: no id, no hosts yet (see Growth.join)
-            self._comm, self._ids, self.original_id = invitation.merged, [], None
-            self.initial_size = self._comm.size
+            self._comm, self._ids, self.original_id = invitation.comm, [], None
+            self.initial_size = invitation.initial_size
         else:
             with self._in_mpi():
                 self._start(comm)
-        self._growth = Growth(self, invitation)
+        self._growth = Growth(self, invitation, pool)
         if self.size < self.min_np:
             raise RanksBelowMinimumError(self.size, self.min_np, ())
 
@@ -377,9 +377,31 @@ class ResilientComm(CollectivesMixin):
         self._growth.abandon()
 
     def join(self):
-        """In a spawned process: join the running job; returns the growth event."""
+        """In a spawned process or a hot spare: join the running job; returns the
+        growth event.  A spare waits here until it is adopted, beating (outside
+        ``_in_mpi``), and again after an adoption that broke off."""
+        while True:
+            port = self._growth.await_adoption()
+            with self._in_mpi():
+                event = self._growth.join(port)
+            if event is not None:
+                return event
+
+    def adopt_spare(self, avoid_hosts=()):
+        """Connect a ready hot spare (collective); True if it is on its way.  See
+        :meth:`.growth.Growth.adopt_spare`."""
         with self._in_mpi():
-            return self._growth.join()
+            return self._growth.adopt_spare(avoid_hosts)
+
+    @property
+    def spares_left(self):
+        """Hot spares not adopted yet and not known to have failed (the same on every rank)."""
+        return len(self._growth.pool)
+
+    def release_spares(self):
+        """At the job's end: let the spares not adopted go."""
+        with self._in_mpi():
+            self._growth.release_spares()
 
     @contextlib.contextmanager
     def rehearsal(self):

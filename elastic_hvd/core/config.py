@@ -46,6 +46,9 @@ SETTINGS = (
             "bytes of gradients fused into one allreduce (Horovod's variable)"),
     Setting("respawn", "ELASTIC_HVD_RESPAWN", bool, False, None,
             "replace lost ranks, back up to the starting size (--respawn)"),
+    Setting("spares", "ELASTIC_HVD_SPARES", int, 0, 0,
+            "the last N processes of the job wait as hot spares that replace lost ranks at "
+            "the next step boundary (--spares; with plain mpirun add them to -np)"),
     Setting("max_np", "ELASTIC_HVD_MAX_NP", int, None, 1,
             "add ranks up to this many while discovered hosts have free slots (--max-np)"),
     Setting("host_discovery", "ELASTIC_HVD_HOST_DISCOVERY", str, None, None,

@@ -45,7 +45,7 @@ import time
 
 import numpy as np
 
-from . import faults, heartbeat, mpi_env
+from . import faults, heartbeat, mpi_env, spares
 from .errors import ElasticHvdError
 from .membership import MembershipEvent
 from .spawn import SpawnCall, spawn_timeout
@@ -134,6 +134,15 @@ class Invitation:
                                                            ctypes.py_object(JoinAbandoned))
                 return
 
+    @property
+    def comm(self):
+        """The communicator that stands for the live one until the process joins."""
+        return self.merged
+
+    @property
+    def initial_size(self):
+        return self.merged.size
+
     def accept(self):
         """Stop watching and hand the merged communicator over (in ``join()``)."""
         self.close()
@@ -151,16 +160,22 @@ class Growth:
     ``spawn``, ``poll_join``, ``abandon_join`` and ``join`` here.
 
     ``invitation``: in a process spawned into a running job, its :class:`Invitation`
-    (see :mod:`elastic_hvd.runner.join`); the process is a *joiner* until
-    :meth:`join`.
+    (see :mod:`elastic_hvd.runner.join`); in a hot spare, its
+    :class:`.spares.SpareInvitation`.  The process is a *joiner* until :meth:`join`.
+    ``pool``: the spares not adopted yet, ``[(world rank, host)]`` (see :mod:`.spares`),
+    the same on every rank.
     """
 
-    def __init__(self, comm, invitation=None):
+    def __init__(self, comm, invitation=None, pool=()):
         self.comm = comm
         self._pending = None
         self._invitation = invitation
         self.spawns = 0  # spawns this job made (counted alike on every rank; joiners are told)
         self.next_id = None if invitation is not None else comm.initial_size  # the next joiner's
+        self.pool = list(pool)
+        #: A process of mpirun's own job (a spawned one has a world of its own).
+        self.in_world = not isinstance(invitation, Invitation)
+        self._ready_spares = set()  # spares that told this rank they are ready
 
     @property
     def joining(self):
@@ -182,11 +197,16 @@ class Growth:
         """
         if self._pending is not None or count <= 0:
             return False
-        comm = self.comm
-        started, events = time.perf_counter(), len(comm.events)
+        started, events = time.perf_counter(), len(self.comm.events)
         self.spawns += 1
-        merged, error = SpawnCall(comm, count, hosts, oversubscribe,
-                                  faults.for_joiner(self.spawns)).result(spawn_timeout())
+        call = SpawnCall(self.comm, count, hosts, oversubscribe, faults.for_joiner(self.spawns))
+        return self._start_join(call, count, started, events, f"spawning {count} process(es)")
+
+    def _start_join(self, call, count, started, events, what):
+        """Wait for ``call`` (a :class:`.spawn.MergeCall`) and agree on its outcome:
+        True with the join pending, or False with its communicators revoked."""
+        comm = self.comm
+        merged, error = call.result(spawn_timeout())
         # Done on every rank, and nobody lost meanwhile (``merged`` would hold the dead)?
         if comm.agree(1 if merged is not None else 0) == 1 and len(comm.events) == events:
             self._pending = _Pending(merged, count, events, started)
@@ -196,9 +216,50 @@ class Growth:
             comm.retire(merged)
         if error is not None and comm.rank == 0:
             why = error.Get_error_string() if isinstance(error, comm.MPI.Exception) else error
-            print(f"elastic_hvd: spawning {count} process(es) failed: {why}",
-                  file=sys.stderr, flush=True)
+            print(f"elastic_hvd: {what} failed: {why}", file=sys.stderr, flush=True)
         return False
+
+    def adopt_spare(self, avoid_hosts=()):
+        """Connect a ready hot spare (collective, at a step boundary): True if it is on
+        its way (a join is pending, as after :meth:`spawn`).  The pool loses the
+        spares any rank knows to have failed; the spare chosen is the first ready one
+        on a host not in ``avoid_hosts`` (a lost rank's host: its loss may take the
+        host's spares too), else the first ready one.  See :mod:`.spares`."""
+        if self._pending is not None or not self.pool:
+            return False
+        comm, MPI = self.comm, self.comm.MPI
+        started, events = time.perf_counter(), len(comm.events)
+        mine = (-1, [], [])
+        if self.in_world:
+            while (message := spares.receive(MPI, MPI.COMM_WORLD, spares.READY)) is not None:
+                self._ready_spares.add(message[0])  # a dead one is in ``failed`` below
+            failed = spares.failed_world_ranks(MPI)
+            mine = (MPI.COMM_WORLD.rank, sorted(self._ready_spares),
+                    sorted(w for w, _ in self.pool if w in failed))
+        with comm.folded(JOIN_LABEL):
+            everyone = comm.allgather_object(mine)
+        if len(comm.events) != events:
+            return False
+        failed = {w for _, _, dead in everyone for w in dead}
+        ready = {w for _, known, _ in everyone for w in known}
+        self.pool = [(w, host) for w, host in self.pool if w not in failed]
+        candidates = [(w, host) for w, host in self.pool if w in ready]
+        worlds = [w for w, _, _ in everyone]
+        if not candidates or max(worlds) < 0:
+            return False
+        spare = next((w for w, host in candidates if host not in avoid_hosts), candidates[0][0])
+        root = worlds.index(min(w for w in worlds if w >= 0))
+        call = spares.AdoptCall(comm, root, spare)
+        if not self._start_join(call, 1, started, events,
+                                f"adopting the spare (world rank {spare})"):
+            return False
+        self.pool = [(w, host) for w, host in self.pool if w != spare]
+        return True
+
+    def release_spares(self):
+        """At the job's end: the spares not adopted may go (world processes tell them)."""
+        if self.in_world and self.pool and not self.joining:
+            spares.release(self.comm.MPI, self.pool)
 
     def poll(self):
         """At a step boundary (collective while a join is pending): adopt the joiners
@@ -237,7 +298,7 @@ class Growth:
         comm.retire(pending.merged)
         comm.replace(adopted, old_ids + new_ids)
         book = {"comm": comm.book(), "ids": old_ids + new_ids, "old": old_ids,
-                "next_id": self.next_id, "spawns": self.spawns}
+                "next_id": self.next_id, "spawns": self.spawns, "pool": self.pool}
         try:  # a plain broadcast: a joiner must never wait in an agreement for ranks
             adopted.bcast(book, root=0)  # that might still send it away (see join())
         except MPI.Exception:
@@ -255,27 +316,43 @@ class Growth:
             self._invitation.close()
 
     # -- a spawned process ----------------------------------------------------------------
-    def join(self):
+    def await_adoption(self):
+        """In a hot spare: wait (outside MPI's collectives, see :mod:`.spares`) until
+        training ranks adopt it; returns the port to connect to.  None elsewhere."""
+        if not isinstance(self._invitation, spares.SpareInvitation):
+            return None
+        return self._invitation.wait(lambda why: leave_unjoined(why, who=_SPARE))
+
+    def join(self, port=None):
         """Joiner side: meet the running job and take over its bookkeeping; returns
         the growth event.  If the job gave up on this process (its ranks changed, or
-        training ended first), the process exits: nobody needs it."""
+        training ended first), a spawned process exits: nobody needs it; a spare
+        (``port``: where the adopting ranks accept) returns None and waits again."""
         if not self.joining:
             raise ElasticHvdError("join(): this process is not joining a running job")
-        comm, MPI, merged = self.comm, self.comm.MPI, self._invitation.accept()
+        comm, MPI = self.comm, self.comm.MPI
         started = time.perf_counter()
-        adopted = None
+        merged = adopted = None
         try:
+            merged = self._invitation.accept() if port is None else self._invitation.connect(port)
             merged.Send(np.ones(1, dtype=np.int8), dest=0, tag=_READY)
             adopted = merged.Dup()  # "adopted": the ranks committed to this join
             adopted.Set_errhandler(MPI.ERRORS_RETURN)
             book = adopted.bcast(None, root=0)
         except MPI.Exception as exc:
-            leave_unjoined(_GIVEN_UP.format(exc.Get_error_string()),
-                           *(c for c in (adopted, merged) if c is not None))
+            broken = [c for c in (adopted, merged) if c is not None]
+            if port is None:
+                leave_unjoined(_GIVEN_UP.format(exc.Get_error_string()), *broken)
+            print(f"elastic_hvd: {_SPARE} waits again: an adoption broke off "
+                  f"({exc.Get_error_string()})", file=sys.stderr, flush=True)
+            for c in broken:
+                comm.revoke(c)
+                comm.retire(c)
+            return None
         self._invitation = None
         comm.replace(adopted, book["ids"])  # retires the merged communicator
         comm.load_book(book["comm"])
-        self.next_id, self.spawns = book["next_id"], book["spawns"]
+        self.next_id, self.spawns, self.pool = book["next_id"], book["spawns"], book["pool"]
         faults.configure(comm.original_id)  # ELASTIC_HVD_FAULTS may name the new id
         comm.settle(adopted)
         return self._welcome(book["old"], started, 0.0)
@@ -312,15 +389,16 @@ def _minimum(MPI, comm, value):
 
 _GIVEN_UP = ("the running job gave it up before adopting it (its ranks changed, or training "
              "ended first; {})")
+_SPAWNED = "spawned to join the running job"
+_SPARE = "a hot spare"
 _leaving = threading.Lock()
 
 
-def _leaving_line(why):
-    return (f"elastic_hvd: process {os.getpid()}, spawned to join the running job, exits "
-            f"without joining: {why}")
+def _leaving_line(why, who=_SPAWNED):
+    return f"elastic_hvd: process {os.getpid()}, {who}, exits without joining: {why}"
 
 
-def leave_unjoined(why, *comms, finalize=True):
+def leave_unjoined(why, *comms, finalize=True, who=_SPAWNED):
     """End a spawned process that will never join: one line that says why, then
     ``MPI_Finalize`` (after freeing ``comms``) and exit status 0.
 
@@ -330,7 +408,7 @@ def leave_unjoined(why, *comms, finalize=True):
     (measured; the ranks had already given this process up).  ``finalize=False``
     is for a process stuck before its merge, which cannot finalize."""
     _leaving.acquire()  # once: the start-up watchdog's thread or the main thread
-    print(_leaving_line(why), file=sys.stderr, flush=True)
+    print(_leaving_line(why, who), file=sys.stderr, flush=True)
     if finalize:
         for comm in comms:
             with contextlib.suppress(Exception):

@@ -13,6 +13,7 @@ from .heartbeat import Heartbeat
 from .mpi_env import (CONNECTED_FINALIZE_DEADLINE, finalize, ft_enabled, load_mpi, retire,
                       ulfm_compiled)
 from .session import Session
+from .spares import SpareInvitation, split_world
 
 _current = None
 _session = None
@@ -82,6 +83,15 @@ def init(comm=None, *, min_np=None, mismatch_timeout=None, stall_timeout=None):
         why = ("launched without --with-ft ulfm" if not ft_enabled()
                else "this MPI library has no ULFM support")
         print(NOT_ELASTIC_WARNING.format(why=why), file=sys.stderr, flush=True)
+    pool = ()
+    if settings.spares and _invitation is None:
+        if not elastic or comm is not None:
+            raise ValueError(f"ELASTIC_HVD_SPARES={settings.spares}: hot spares need fault "
+                             "tolerance (--with-ft ulfm) and init() on the whole world")
+        base, pool, trainers = split_world(MPI, settings.spares)
+        if base is None:  # this process is a spare: it joins when adopted
+            _invitation = SpareInvitation(MPI, trainers)
+            base = MPI.COMM_SELF
     heartbeat = Heartbeat(MPI, settings.heartbeat_period,
                           settings.stall_timeout if stall_timeout is None else stall_timeout,
                           comm=base)
@@ -90,7 +100,7 @@ def init(comm=None, *, min_np=None, mismatch_timeout=None, stall_timeout=None):
         min_np=settings.min_np if min_np is None else int(min_np),
         mismatch_timeout=(settings.mismatch_timeout if mismatch_timeout is None
                           else mismatch_timeout),
-        elastic=elastic, heartbeat=heartbeat, invitation=_invitation)
+        elastic=elastic, heartbeat=heartbeat, invitation=_invitation, pool=pool)
     _invitation = None  # taken: its communicator becomes the live one when this process joins
     _session = Session(_current)
     if not _current.joining:  # a joiner learns its id when it joins (see join())
@@ -125,7 +135,7 @@ def _crash_if_others_go_on():
     death by signal is reported to them at once (tests/test_exit_paths.py).  Under
     plain ``mpirun`` the job's status is then that of a killed rank (0);
     ``elastic-hvd-run`` counts the rank as lost either way."""
-    if _current is None or _current.size <= 1:
+    if _current is None or (_current.size <= 1 and not _current.joining):
         return
     who = (f"process {os.getpid()}, spawned to join the running job," if _current.joining
            else f"rank {_current.rank} (original {_current.original_id})")
@@ -191,6 +201,7 @@ def _leave_together():
         try:
             _current.leave()
             _emptied_hosts, _rank_at_exit = _current.emptied_hosts(), _current.rank
+            _current.release_spares()
         except LeftEarly as exc:
             print(f"elastic_hvd: rank {_current.rank} (original {_current.original_id}) leaves "
                   f"the job; the other ranks go on without it ({exc})", file=sys.stderr, flush=True)
@@ -200,6 +211,7 @@ def _leave_together():
         except Exception as exc:  # below min_np (said already), or a failure at the very end
             if _current.below_min_np is None:
                 print(f"elastic_hvd: final barrier failed: {exc}", file=sys.stderr)
+            _current.release_spares()
 
 
 _exit_status = None

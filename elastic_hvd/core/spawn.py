@@ -71,35 +71,27 @@ def _spawn_info(MPI, hosts, oversubscribe):
     return info
 
 
-class SpawnCall:
-    """One spawn of ``count`` joiners (``MPI_Comm_spawn`` + merge + connect), in a
-    thread of its own on a duplicate of the live communicator of ``comm`` (a
-    :class:`ResilientComm`), so that the running ranks can give it up.  Collective.
-    ``extra_env``: variables for the joiners' environment on top of this process's.
-
-    A new process that never completes ``MPI_Init`` (seen here: one stuck in it;
-    one that dies before it) leaves ``MPI_Comm_spawn`` blocked for ever in the
-    spawning root.  After the timeout every rank revokes the duplicate, which frees
-    the ranks waiting for the root, and goes on; the root's thread stays behind
-    (measured: a later spawn, from a new duplicate, works).
+class MergeCall:
+    """Making the communicator merged with new processes (``connect`` gives the
+    intercommunicator, then merge + connect), in a thread of its own on a duplicate of
+    the live communicator of ``comm`` (a :class:`ResilientComm`), so that the running
+    ranks can give it up.  Collective.  :class:`SpawnCall` starts the processes;
+    :class:`.spares.AdoptCall` connects to one that waits already.
     """
 
-    def __init__(self, comm, count, hosts=(), oversubscribe=None, extra_env=None):
+    def __init__(self, comm, connect):
         self._owner, self._lock, self._done = comm, threading.Lock(), threading.Event()
         self._given_up, self._made = False, []  # communicators to revoke if given up
         self.merged = self.error = None
-        executable, args = joiner_command(extra_env)
-        info = _spawn_info(comm.MPI, hosts, oversubscribe)
         try:
             self._comm = comm.mpi_comm.Dup()
         except comm.MPI.Exception as exc:  # e.g. a rank died just now
             self.error = exc
-            info.Free()
             self._done.set()
             return
         self._keep(self._comm)
-        threading.Thread(target=self._run, args=(executable, args, count, info),
-                         name="elastic_hvd-spawn", daemon=True).start()
+        threading.Thread(target=self._run, args=(connect,), name="elastic_hvd-merge",
+                         daemon=True).start()
 
     def _keep(self, comm):
         comm.Set_errhandler(self._owner.MPI.ERRORS_RETURN)
@@ -108,35 +100,33 @@ class SpawnCall:
             if self._given_up:
                 self._owner.revoke(comm)
 
-    def _run(self, executable, args, count, info):
+    def _run(self, connect):
         owner = self._owner
         inter = merged = None
         try:
-            inter = self._comm.Spawn(executable, args, maxprocs=count, info=info, root=0)
+            inter = connect(self._comm)
             self._keep(inter)
             faults.at_spawn()
             merged = inter.Merge(high=False)
             self._keep(merged)
             connect_all(merged)
-        except Exception as exc:  # noqa: BLE001 - any failure: the spawn did not happen
+        except Exception as exc:  # noqa: BLE001 - any failure: the merge did not happen
             self.error = exc
-            owner.revoke(self._comm)  # free the ranks still inside the spawn
-        finally:
-            info.Free()
+            owner.revoke(self._comm)  # free the ranks still inside the call
         with self._lock:
             if self.error is None and not self._given_up:
                 self.merged, merged = merged, None  # handed over
             elif merged is not None:
-                owner.revoke(merged)  # its joiner gives up
+                owner.revoke(merged)  # its new process gives up
             self._done.set()
         for comm in (merged, inter, self._comm):
             if comm is not None:
                 owner.retire(comm)
 
     def result(self, timeout):
-        """``(merged communicator, None)``, or ``(None, why)`` if the spawn failed here,
-        a member of the job failed meanwhile, or it did not finish within ``timeout``
-        seconds.
+        """``(merged communicator, None)``, or ``(None, why)`` if it failed here, a
+        member of the job (or the process to connect) failed meanwhile, or it did not
+        finish within ``timeout`` seconds.
 
         Why watch the members: ``MPI_Comm_spawn`` does not fail when one of the
         spawning ranks dies inside it (seen in the soak: a SIGKILL then stalled
@@ -148,6 +138,8 @@ class SpawnCall:
         while not self._done.wait(WATCH_PERIOD):
             if self._member_failed():
                 why = "a rank of the job failed during it"
+            elif self._partner_failed():
+                why = "the process to connect failed"
             elif time.monotonic() >= deadline:
                 why = f"not done after {timeout:.0f}s (ELASTIC_HVD_SPAWN_TIMEOUT)"
             else:
@@ -160,6 +152,10 @@ class SpawnCall:
                     self._owner.revoke(comm)
                 return None, why
         return self.merged, self.error
+
+    def _partner_failed(self):
+        """Whether the process this call connects to is known to have failed."""
+        return False
 
     def _member_failed(self):
         """Whether this rank knows that a member of the spawning communicator failed
@@ -177,3 +173,28 @@ class SpawnCall:
             return failed.Get_size() > 0
         finally:
             failed.Free()
+
+
+class SpawnCall(MergeCall):
+    """One spawn of ``count`` joiners (``MPI_Comm_spawn`` + merge + connect).
+    ``extra_env``: variables for the joiners' environment on top of this process's.
+
+    A new process that never completes ``MPI_Init`` (seen here: one stuck in it;
+    one that dies before it) leaves ``MPI_Comm_spawn`` blocked for ever in the
+    spawning root.  After the timeout every rank revokes the duplicate, which frees
+    the ranks waiting for the root, and goes on; the root's thread stays behind
+    (measured: a later spawn, from a new duplicate, works).
+    """
+
+    def __init__(self, comm, count, hosts=(), oversubscribe=None, extra_env=None):
+        executable, args = joiner_command(extra_env)
+        info = _spawn_info(comm.MPI, hosts, oversubscribe)
+
+        def spawn(dup):
+            try:
+                return dup.Spawn(executable, args, maxprocs=count, info=info, root=0)
+            finally:
+                info.Free()
+        super().__init__(comm, spawn)
+        if self.error is not None:
+            info.Free()

@@ -59,6 +59,10 @@ def parser():
     p.add_argument("--respawn", action="store_true",
                    help="replace lost ranks with new processes, back up to -np, while training "
                         "goes on (needs keras_callbacks.ElasticGrowth or GrowthPolicy.step)")
+    p.add_argument("--spares", type=int, default=0, metavar="K",
+                   help="start K more processes as hot spares: ready to train, outside the "
+                        "job's collectives, each replaces a lost rank at the next step "
+                        "boundary (needs a growth point, as --respawn)")
     p.add_argument("--max-np", type=int,
                    help="add ranks while training, up to this many, when the host source "
                         "(--host-discovery-script, or a --hostfile that may change) offers slots")
@@ -106,6 +110,7 @@ def build_command(args, mpirun=None):
         raise SystemExit("elastic-hvd-run: give -np (or -H host:slots,...)")
     np_ = args.np if args.np is not None else sum(
         int(h.rpartition(":")[2] or 1) if ":" in h else 1 for h in args.hosts.split(","))
+    np_ += args.spares
     cmd = [mpirun or find_mpirun(), "-np", str(np_)]
     if not args.no_ft:
         cmd += ["--with-ft", "ulfm"]
@@ -125,7 +130,7 @@ def build_command(args, mpirun=None):
     env = {"ELASTIC_HVD_MIN_NP": args.min_np, "ELASTIC_HVD_HEARTBEAT_PERIOD": args.heartbeat_period,
            "ELASTIC_HVD_HEARTBEAT_TIMEOUT": args.heartbeat_timeout,
            "ELASTIC_HVD_STALL_TIMEOUT": args.stall_timeout, "ELASTIC_HVD_FAULTS": args.faults,
-           "ELASTIC_HVD_RESPAWN": 1 if args.respawn else None,
+           "ELASTIC_HVD_RESPAWN": 1 if args.respawn else None, "ELASTIC_HVD_SPARES": args.spares,
            "ELASTIC_HVD_STRICT": 1 if args.strict else None, "ELASTIC_HVD_MAX_NP": args.max_np,
            "ELASTIC_HVD_HOST_DISCOVERY": args.host_discovery_script and
            os.path.abspath(args.host_discovery_script),

@@ -30,6 +30,8 @@ from elastic_hvd.growth_policy import GrowthPolicy
 
 def main(steps, fail_before_join=None, joiner_delay=0.0):
     comm = core.init()
+    # Past MPI_Init (a process killed inside it hangs the job's start): a watcher may kill.
+    open(os.path.join(os.environ["TEST_OUT_DIR"], f"started-{os.getpid()}"), "w").close()
     policy = GrowthPolicy.from_env()
     policy.retry_steps = 5
     started_at = time.time()

@@ -1,0 +1,194 @@
+"""Hot spares: processes of mpirun's own job that wait, ready to train, outside the
+training communicator, and replace a lost rank at the next step boundary.
+
+Why spares beside spawning (:mod:`.spawn`): a spawned process starts Python,
+imports TensorFlow and compiles its model after the loss -- seconds during which
+the job runs short -- and it lives outside the job ``--with-ft ulfm`` covers.  A
+spare is one of the ``-np`` processes: covered by ULFM, its detector and its
+finalize like any rank, and already through its start-up when it is needed.
+
+With ``ELASTIC_HVD_SPARES=K`` the last K ranks of ``MPI_COMM_WORLD`` are spares.
+``init()`` splits the world (:func:`split_world`); a spare starts as a *joiner*
+(:class:`SpareInvitation`) and runs its program up to the growth point, where it
+tells the training ranks once that it is ready and waits, out of every collective,
+for one of two messages:
+
+* *adopt* (with a port name): it connects (``MPI_Comm_connect``; the training ranks
+  accept, see :class:`AdoptCall`) and from there joins exactly as a spawned
+  process does (:mod:`.growth`): the merged communicator, the ready message, the
+  commit, the book, the live training state.
+* *release*: training ended without needing it; it exits 0.
+
+Why a port and not ``MPI_Intercomm_create`` over ``MPI_COMM_WORLD``: once a world
+rank has died, Open MPI 5.0.11's ``MPI_Intercomm_create`` with the world as its
+bridge fails with ``MPI_ERR_INTERN`` on every side (measured; connect/accept
+worked, ~35 ms on 3 ranks).  The port name travels on the world from the lowest
+training rank that is a world process (a spawned rank has another world).
+
+Waiting costs nothing: one ``MPI_Iprobe`` every :data:`POLL` seconds (measured:
+0.2 % of a core), while the heartbeat's native loop keeps the detector fed.  A
+spare also leaves once every training rank of the world is gone: nobody could
+adopt or release it then.
+"""
+
+import socket
+import time
+
+import numpy as np
+
+from .mpi_env import retire
+from .spawn import MergeCall, connect_all
+
+#: Seconds between two looks for a message while a spare waits.
+POLL = 0.05
+#: Tags on MPI_COMM_WORLD: a spare's "ready", the training ranks' "adopt" and "release".
+READY, ADOPT, RELEASE = 32001, 32002, 32003
+
+
+def split_world(MPI, count):
+    """At ``init()`` with ``count`` spares (collective over the world): ``(the
+    training ranks' communicator, or None in a spare; the spares' pool as
+    [(world rank, host)]; the number of training ranks)``."""
+    world = MPI.COMM_WORLD
+    trainers = world.size - count
+    if trainers < 1:
+        raise ValueError(f"ELASTIC_HVD_SPARES={count} leaves no training rank among the "
+                         f"{world.size} processes (start -np training ranks + spares)")
+    hosts = world.allgather(socket.gethostname())
+    spare = world.rank >= trainers
+    part = world.Split(1 if spare else 0, world.rank)
+    pool = [(w, hosts[w]) for w in range(trainers, world.size)]
+    if spare:
+        part.Set_errhandler(MPI.ERRORS_RETURN)
+        return None, pool, trainers
+    return part, pool, trainers
+
+
+def receive(MPI, comm, tag, size=1):
+    """A waiting message with ``tag`` from any source, taken off the queue
+    (``MPI_Improbe`` + ``MPI_Mrecv``): ``(source, bytes)``, ``(source, None)`` if its
+    sender failed before it could be read (ULFM fails such a receive; a plain probe
+    would then match it for ever), or None when there is none.  ``size``: the
+    length of a message whose length is not known.  A receive from any source on
+    a communicator with a failure not yet acknowledged fails
+    (``MPI_ERR_PROC_FAILED_PENDING``): acknowledge and look again."""
+    status = MPI.Status()
+    for _ in range(2):
+        try:
+            message = comm.Improbe(MPI.ANY_SOURCE, tag, status)
+            break
+        except MPI.Exception:
+            comm.Ack_failed()
+    else:
+        return None
+    if message is None:
+        return None
+    buffer = bytearray(max(size, status.Get_count(MPI.BYTE)))
+    try:
+        message.Recv(buffer)
+    except MPI.Exception:
+        return status.Get_source(), None
+    return status.Get_source(), bytes(buffer[:status.Get_count(MPI.BYTE)])
+
+
+def failed_world_ranks(MPI):
+    """World ranks this process knows to have failed (local)."""
+    world = MPI.COMM_WORLD
+    MPI.COMM_SELF.Iprobe()  # progress: the runtime's news of a death arrives through it
+    failed = world.Get_failed()
+    try:
+        return set(failed.Translate_ranks(list(range(failed.Get_size())), world.Get_group()))
+    finally:
+        failed.Free()
+
+
+class SpareInvitation:
+    """A spare's link to the training ranks until it joins (see the module doc).
+    ``comm`` stands for the live communicator meanwhile; ``initial_size`` is the
+    number of training ranks."""
+
+    def __init__(self, MPI, trainers):
+        self.MPI, self.comm, self.initial_size = MPI, MPI.COMM_SELF, trainers
+        self._sends = None
+
+    def wait(self, leave):
+        """Until adopted; returns the port name to connect to.  Calls ``leave(why)``
+        (which never returns) when released or when no training rank is left."""
+        MPI, world = self.MPI, self.MPI.COMM_WORLD
+        if self._sends is None:  # once: a spare stays ready after a broken adoption
+            self._sends = []
+            for w in range(self.initial_size):
+                try:
+                    self._sends.append(world.Isend(np.ones(1, np.int8), w, READY))
+                except MPI.Exception:
+                    pass  # a training rank that died
+        while True:
+            if receive(MPI, world, RELEASE) is not None:
+                leave("training ended without needing it")
+            adopt = receive(MPI, world, ADOPT)
+            if adopt is not None and adopt[1] is not None:
+                return adopt[1].decode()
+            if set(range(self.initial_size)) <= failed_world_ranks(MPI):
+                leave("every training rank of the job is gone")
+            time.sleep(POLL)
+
+    def connect(self, port):
+        """The communicator merged with the training ranks that adopt this spare."""
+        MPI = self.MPI
+        inter = MPI.COMM_SELF.Connect(port)
+        inter.Set_errhandler(MPI.ERRORS_RETURN)
+        try:
+            merged = inter.Merge(high=True)
+            merged.Set_errhandler(MPI.ERRORS_RETURN)
+        finally:
+            retire(inter)
+        connect_all(merged)
+        return merged
+
+    def close(self):
+        """Nothing to watch (the interface of :class:`.growth.Invitation`)."""
+
+
+class AdoptCall(MergeCall):
+    """The training ranks' side of an adoption (collective): the live rank ``root``
+    (a world process) opens a port, sends its name to the spare of world rank
+    ``spare`` and accepts; every rank merges.  Given up, like a spawn, when a member
+    or the spare fails, or after ``spawn_timeout``."""
+
+    def __init__(self, comm, root, spare):
+        MPI = comm.MPI
+        self._spare, self._port = spare, None
+        if comm.rank == root:
+            self._port = MPI.Open_port()
+            MPI.COMM_WORLD.Send(bytearray(self._port.encode()), spare, ADOPT)
+        super().__init__(comm, lambda dup: dup.Accept(self._port, root=root))
+
+    def _partner_failed(self):
+        return self._port is not None and self._spare in failed_world_ranks(self._owner.MPI)
+
+    def result(self, timeout):
+        try:
+            return super().result(timeout)
+        finally:
+            if self._port is not None:
+                self._owner.MPI.Close_port(self._port)
+
+
+def release(MPI, pool, deadline=1.0):
+    """Tell every spare of ``pool`` that training ended (a world process's part of
+    the job's end); waits up to ``deadline`` seconds for the sends."""
+    world = MPI.COMM_WORLD
+    sends = []
+    for w, _host in pool:
+        try:
+            sends.append(world.Isend(np.ones(1, np.int8), w, RELEASE))
+        except MPI.Exception:
+            pass  # a spare that died
+    end = time.monotonic() + deadline
+    while sends and time.monotonic() < end:
+        try:
+            if MPI.Request.Testall(sends):
+                return
+        except MPI.Exception:
+            return
+        time.sleep(0.01)

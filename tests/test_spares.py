@@ -1,0 +1,105 @@
+"""Hot spares (issue 20) on the bare core: real kills from outside, hard timeouts.
+
+The worker (workers/growth_scenarios.py) keeps a running total with one allreduce
+per step; every rank alive at the end must hold the same total, equal to the sum
+of what the live members contributed step by step (a spare that started from a
+wrong state, or a step missed or repeated, changes it).  World ranks 0..N-1 train;
+the last ``--spares`` world ranks wait.
+"""
+
+import os
+import random
+import signal
+import time
+
+import pytest
+
+from mpijob import job_ranks, run_job
+
+pytestmark = pytest.mark.multirank
+
+STEPS = 120
+
+
+def kill_world_ranks(*plan, processes=5):
+    """A watcher: once all ``processes`` of the job are past ``init()``, SIGKILL world
+    rank ``r`` after ``delay`` seconds for each ``(delay, r)`` of ``plan`` (a random
+    moment of the step: steps take ~50 ms)."""
+    def watch(out, marker):
+        deadline = time.monotonic() + 60
+        while len(list(out.glob("started-*"))) < processes and time.monotonic() < deadline:
+            time.sleep(0.05)
+        ranks, started = job_ranks(marker), time.monotonic()
+        for delay, rank in plan:
+            time.sleep(max(0.0, started + delay + random.uniform(0, 0.05) - time.monotonic()))
+            os.kill(ranks[rank], signal.SIGKILL)
+    return watch
+
+
+def run(tmp_path, np_, spares, faults=None, watcher=None, launcher=()):
+    job = run_job("growth_scenarios.py", STEPS, np=np_, faults=faults,
+                  launcher=["--spares", str(spares), *launcher], tmp_path=tmp_path,
+                  timeout=180, watcher=watcher)
+    results = job.results
+    final_ids = results[min(results)]["ids"]
+    assert sorted(results) == sorted(final_ids), job.output[-4000:]
+    assert len({tuple(r["total"]) for r in results.values()}) == 1, "ranks disagree"
+    for r in results.values():  # no step lost or repeated, spares started from the live total
+        assert r["total"][0] == r["expected"], (r["total"][0], r["expected"])
+    history = [(e["lost"], e["gained"]) for e in results[final_ids[0]]["events"]]
+    for r in results.values():
+        assert [(e["lost"], e["gained"]) for e in r["events"]] == history
+    return job, results, final_ids, history
+
+
+def test_a_spare_replaces_a_rank_killed_from_outside(tmp_path):
+    job, results, ids, history = run(tmp_path, 4, 1, watcher=kill_world_ranks((2.0, 2)))
+    assert job.returncode == 0
+    assert history == [([2], []), ([], [4])]
+    assert ids == [0, 1, 3, 4]
+    # Adopted at the next step boundaries: a spare is ready (~50 ms steps).
+    assert results[0]["sizes"].count(3) <= 3, results[0]["sizes"]
+    assert results[4]["before_join"] == {"original_id": None, "ids": []}
+    assert "a hot spare, exits without joining" not in job.output
+
+
+def test_a_spare_killed_while_waiting_is_not_counted_and_the_next_one_is_adopted(tmp_path):
+    job, results, ids, history = run(tmp_path, 3, 2,
+                                     watcher=kill_world_ranks((1.5, 3), (3.0, 1)))
+    assert job.returncode == 0
+    assert history == [([1], []), ([], [3])]  # the dead spare: no event, nothing waited
+    assert ids == [0, 2, 3]
+    assert results[0]["sizes"][:10] == [3] * 10
+    assert results[3]["pid"] != results[0]["pid"]
+
+
+def test_two_losses_and_one_spare_then_the_job_shrinks(tmp_path):
+    job, results, ids, history = run(tmp_path, 4, 1, faults="rank=1,step=10;rank=2,step=60")
+    assert job.returncode == 0
+    assert history == [([1], []), ([], [4]), ([2], [])]
+    assert ids == [0, 3, 4]
+
+
+def test_spares_used_up_then_respawn_refills(tmp_path):
+    job, results, ids, history = run(tmp_path, 4, 1, faults="rank=1,step=10;rank=2,step=60",
+                                     launcher=["--respawn"])
+    assert job.returncode == 0
+    assert history == [([1], []), ([], [4]), ([2], []), ([], [5])]
+    assert ids == [0, 3, 4, 5]
+
+
+def test_a_spare_killed_with_the_rank_it_would_replace(tmp_path):
+    # World rank 2 and the spare die ~20 ms apart: the adoption finds the spare dead
+    # (or loses it right after): the job goes on at 3 ranks, nobody waits.
+    job, results, ids, history = run(tmp_path, 4, 1,
+                                     watcher=kill_world_ranks((2.0, 2), (2.02, 4)))
+    assert job.returncode == 0
+    assert len(ids) == 3 and 2 not in ids
+    assert history in ([([2], [])], [([2], []), ([], [4]), ([4], [])])
+
+
+def test_no_loss_releases_the_spares(tmp_path):
+    job, results, ids, history = run(tmp_path, 3, 2)
+    assert job.returncode == 0 and history == [] and ids == [0, 1, 2]
+    assert job.output.count("a hot spare, exits without joining: training ended without "
+                            "needing it") == 2
