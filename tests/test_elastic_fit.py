@@ -14,11 +14,15 @@ train begin, 2 = step 1's gradients, 3 = broadcast after step 1, 4..9 = steps
 
 import collections
 import json
+import os
 import pickle
+import random
+import signal
+import time
 
 import pytest
 
-from mpijob import assert_same_weights_every_step, run_job
+from mpijob import assert_same_weights_every_step, job_ranks, run_job
 
 pytestmark = pytest.mark.multirank
 
@@ -156,6 +160,32 @@ def test_respawn_replaces_a_killed_rank_inside_fit(tmp_path, baseline):
     assert abs(job.results[0]["loss"] - baseline) <= LOSS_TOLERANCE * baseline
 
 
+def kill_world_rank_after_steps(rank, steps):
+    """A watcher: SIGKILL world rank ``rank`` from outside at a random moment of the
+    step after original rank 0 has committed ``steps`` steps."""
+    def watch(out, marker):
+        path, deadline = out / "steps0.jsonl", time.monotonic() + 240
+        while time.monotonic() < deadline and not (
+                path.exists() and len(path.read_text().splitlines()) >= steps):
+            time.sleep(0.05)
+        time.sleep(random.uniform(0, 0.4))  # TEST_STEP_SLEEP: a step takes > 0.4 s
+        os.kill(job_ranks(marker)[rank], signal.SIGKILL)
+    return watch
+
+
+def test_a_hot_spare_replaces_a_rank_killed_from_outside_inside_fit(tmp_path, baseline):
+    # Issue 20: world rank 4 waits, compiled, outside the collectives; rank 2 is
+    # SIGKILLed by a watcher; the spare trains within two step boundaries.
+    job = run_job("elastic_fit.py", EPOCHS, np=4, launcher=["--spares", "1"], env=GROW,
+                  tmp_path=tmp_path, timeout=300, watcher=kill_world_rank_after_steps(2, 4))
+    assert job.returncode == 0 and "no growth point" not in job.output
+    events = check_grown(job, tmp_path / "out", [0, 1, 3, 4], [2])
+    assert [(e["lost"], e["gained"]) for e in events] == [([2], []), ([], [4])]
+    lost, gained = events
+    assert (gained["epoch"], gained["step"]) <= (lost["epoch"], lost["step"] + 2), events
+    assert abs(job.results[0]["loss"] - baseline) <= LOSS_TOLERANCE * baseline
+
+
 def test_clean_leave_right_after_a_loss_while_the_others_respawn(tmp_path):
     # Soak finding: id 2 SIGKILLed and, 2.5 ms later, id 3 SIGTERMed (its handler
     # calls sys.exit(0)) in the same step of a --respawn job.  id 3 announced its
@@ -223,4 +253,16 @@ def test_horovod_elastic_api_script_grows_back(tmp_path):
     assert len({r["digest"] for r in results.values()}) == 1, "weights differ after the join"
     assert {r["batch"] for r in results.values()} == {60}
     assert [results[i]["restarts"] for i in (0, 1, 3)] == [1, 1, 1]
+    assert [(e["lost"], e["gained"]) for e in results[0]["events"]] == [([2], []), ([], [4])]
+
+
+def test_horovod_elastic_api_script_with_a_hot_spare(tmp_path):
+    # The same script with --spares 1 and no --respawn: the spare replaces rank 2.
+    job = run_job("hvd_elastic_grow.py", 60, np=4, faults="rank=2,step=5",
+                  launcher=["--spares", "1"], env={"TEST_STEP_SLEEP": "0.3"},
+                  tmp_path=tmp_path, timeout=300)
+    results = job.results
+    assert sorted(results) == [0, 1, 3, 4], job.output[-4000:]
+    assert len({r["digest"] for r in results.values()}) == 1, "weights differ after the join"
+    assert {r["batch"] for r in results.values()} == {60}
     assert [(e["lost"], e["gained"]) for e in results[0]["events"]] == [([2], []), ([], [4])]
