@@ -60,6 +60,8 @@ def test_a_spare_replaces_a_rank_killed_from_outside(tmp_path):
     # Adopted at the next step boundaries: a spare is ready (~50 ms steps).
     assert results[0]["sizes"].count(3) <= 3, results[0]["sizes"]
     assert results[4]["before_join"] == {"original_id": None, "ids": []}
+    # Waiting, it is never rank 0 (a program gives rank 0 its logs and checkpoints).
+    assert results[4]["waiting_as"] == [4, 5]
     assert "a hot spare, exits without joining" not in job.output
 
 

@@ -91,9 +91,15 @@ class ResilientComm(CollectivesMixin):
         #: What the collectives now running are for (set by callers, recorded in events).
         self.label = ""
         self._procs = {}
+        #: (rank, size) a waiting spare reports: as if last in a communicator merged with
+        #: every training rank, like a spawned joiner -- never rank 0, whose duties (logs,
+        #: checkpoints) a program gives to one process.  None elsewhere.
+        self._waiting = None
         if invitation is not None:  # a joiner: no id, no hosts yet (see Growth.join)
             self._comm, self._ids, self.original_id = invitation.comm, [], None
             self.initial_size = invitation.initial_size
+            if invitation.comm.size == 1:
+                self._waiting = (self.initial_size, self.initial_size + 1)
         else:
             with self._in_mpi():
                 self._start(comm)
@@ -131,11 +137,11 @@ class ResilientComm(CollectivesMixin):
     # -- membership ---------------------------------------------------------------
     @property
     def rank(self):
-        return self._comm.rank
+        return self._comm.rank if self._waiting is None else self._waiting[0]
 
     @property
     def size(self):
-        return self._comm.size
+        return self._comm.size if self._waiting is None else self._waiting[1]
 
     @property
     def ids(self):
@@ -470,6 +476,7 @@ class ResilientComm(CollectivesMixin):
         of each of its ranks; the old one is retired."""
         old = self._comm
         self._comm, self._ids, self.original_id = new, list(ids), ids[new.rank]
+        self._waiting = None
         self._stamps.renew()
         if old is not new:
             self.retire(old)

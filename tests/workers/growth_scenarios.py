@@ -35,9 +35,10 @@ def main(steps, fail_before_join=None, joiner_delay=0.0):
     policy = GrowthPolicy.from_env()
     policy.retry_steps = 5
     started_at = time.time()
-    before_join = None
+    before_join = waiting_as = None
     if comm.joining:
         before_join = {"original_id": comm.original_id, "ids": list(comm.ids)}
+        waiting_as = [comm.rank, comm.size]
         until = time.monotonic() + joiner_delay
         while time.monotonic() < until:  # busy in Python, as a start-up is
             time.sleep(0.01)
@@ -71,7 +72,7 @@ def main(steps, fail_before_join=None, joiner_delay=0.0):
     report.write(comm.original_id, ids=list(comm.ids), size=comm.size, total=total.tolist(),
                  expected=expected,
                  joined_at=joined_at, sizes=sizes, pid=os.getpid(), started_at=started_at,
-                 host=socket.gethostname(), before_join=before_join,
+                 host=socket.gethostname(), before_join=before_join, waiting_as=waiting_as,
                  events=[e.as_dict() for e in comm.events])
 
 
