@@ -1,0 +1,147 @@
+"""Hot spares against respawn (issue 20): MobileNetV2 ``hvd.fit`` on 4 ranks, world
+rank 2 SIGKILLed from outside once training runs.
+
+    python bench/spares_bench.py [--runs 3]
+
+Three kinds of job, interleaved, ``--runs`` times each (bench/spares_worker.py):
+``spares`` (``--spares 1``), ``respawn`` (``--respawn``) and ``shrink`` (neither: the
+job goes on at 3 ranks).  Measured from outside and from each process's step log:
+
+* *kill -> replacement's first step*: from the SIGKILL to the end of the first step
+  the new process trained;
+* *longest step / median*: the survivors' longest step from 1 s before the kill to
+  3 s after the replacement's first step (or the kill, for ``shrink``), over their
+  median step (first, compiling step left out);
+* *spare CPU*: the waiting spare's CPU time (``/proc/<pid>/stat``, all threads) over
+  3 s before the kill, as a share of one core.
+
+Medians over runs; a table, then the last line ``spares: kill -> training X s
+(respawn Y s); survivors' longest step Z x median; waiting spare W % of a core``.
+"""
+
+import argparse
+import glob
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RUN = os.path.join(os.path.dirname(sys.executable), "elastic-hvd-run")
+MARK = "SPARES_BENCH_JOB"
+KILL_AFTER_STEPS = 25
+
+
+def world_ranks(marker):
+    """``{MPI_COMM_WORLD rank: pid}`` of the job's processes started by mpirun."""
+    found = {}
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+        except (OSError, ValueError):
+            continue
+        if f"{MARK}={marker}".encode() in env:
+            rank = [e for e in env if e.startswith(b"OMPI_COMM_WORLD_RANK=")]
+            if rank:
+                found[int(rank[0].split(b"=")[1])] = int(entry)
+    return found
+
+
+def cpu_seconds(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def steps(path):
+    with open(path) as f:
+        return [tuple(float(x) for x in line.split()) for line in f if line.strip()]
+
+
+def job(kind, out):
+    marker = uuid.uuid4().hex
+    extra = {"spares": ["--spares", "1"], "respawn": ["--respawn"], "shrink": []}[kind]
+    cmd = [RUN, "-np", "4", *extra, "python", os.path.join(ROOT, "bench", "spares_worker.py"),
+           "--out", out, "--steps", "200", "--epochs", "1"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, MARK: marker},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            done = [len(steps(p)) for p in glob.glob(os.path.join(out, "steps-*.txt"))]
+            if done and max(done) >= KILL_AFTER_STEPS:
+                break
+            time.sleep(0.05)
+        ranks = world_ranks(marker)
+        spare_cpu = None
+        if kind == "spares":
+            before, started = cpu_seconds(ranks[4]), time.monotonic()
+            time.sleep(3.0)
+            spare_cpu = (cpu_seconds(ranks[4]) - before) / (time.monotonic() - started)
+        victim = ranks[2]
+        old = set(glob.glob(os.path.join(out, "steps-*.txt"))) - {
+            os.path.join(out, f"steps-{victim}.txt")}
+        killed = time.time()
+        os.kill(victim, signal.SIGKILL)
+        _, err = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    if proc.returncode != 0:
+        raise SystemExit(f"{kind}: exit {proc.returncode}\n{err[-3000:]}")
+    new = set(glob.glob(os.path.join(out, "steps-*.txt"))) - old - {
+        os.path.join(out, f"steps-{victim}.txt")}
+    first = min((steps(p)[0][0] for p in new if steps(p)), default=None)
+    row = {"spare_cpu": spare_cpu,
+           "kill_to_train_s": None if first is None else first - killed}
+    window_end = (first if first is not None else killed) + 3.0
+    ratios = []
+    for path in old:
+        record = steps(path)[1:]  # the first step compiles
+        median = statistics.median(d for _, d, _ in record)
+        around = [d for end, d, _ in record if killed - 1.0 <= end <= window_end + d]
+        ratios.append(max(around) / median if around else float("nan"))
+    row["longest_over_median"] = max(ratios)
+    return row
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--runs", type=int, default=3)
+    args = p.parse_args()
+    kinds = ["spares", "respawn", "shrink"]
+    rows = {kind: [] for kind in kinds}
+    for _ in range(args.runs):
+        for kind in kinds:  # interleaved: the machine's noise falls on each alike
+            with tempfile.TemporaryDirectory() as out:
+                rows[kind].append(job(kind, out))
+            print(kind, rows[kind][-1], flush=True)
+
+    def median(kind, key):
+        values = [r[key] for r in rows[kind] if r[key] is not None]
+        return statistics.median(values) if values else None
+
+    print("\n| job | kill -> replacement's first step (s) | survivors' longest step / median "
+          "| waiting spare (% of a core) |")
+    print("|---|---|---|---|")
+    for kind in kinds:
+        kill, ratio, cpu = (median(kind, k) for k in
+                            ("kill_to_train_s", "longest_over_median", "spare_cpu"))
+        print(f"| {kind} | {'-' if kill is None else f'{kill:.2f}'} | {ratio:.1f} "
+              f"| {'-' if cpu is None else f'{100 * cpu:.2f}'} |")
+    def seconds(value):
+        return "never" if value is None else f"{value:.2f} s"
+
+    print(f"spares: kill -> training {seconds(median('spares', 'kill_to_train_s'))} (respawn "
+          f"{seconds(median('respawn', 'kill_to_train_s'))}); survivors' longest step "
+          f"{median('spares', 'longest_over_median'):.1f} x median; waiting spare "
+          f"{100 * median('spares', 'spare_cpu'):.2f} % of a core")
+
+if __name__ == "__main__":
+    main()
