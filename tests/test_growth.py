@@ -191,3 +191,16 @@ def test_rank_killed_inside_the_spawn_is_seen_at_once(tmp_path):
     [loss] = [e for e in events if e["lost"] == [1]]
     assert loss["detect_s"] < 5.0, events
     assert "not done after" not in job.output, job.output[-3000:]
+
+
+def test_strict_mode_anomaly_in_a_spawned_process_ends_the_whole_job(tmp_path):
+    # MPI_Abort in a process spawned into the job ends only the spawned job (seen in the
+    # soak); the launcher ends the rest, with strict mode's exit status.
+    started = time.monotonic()
+    job = run_job("growth_scenarios.py", 400, np=3, faults="rank=1,step=10",
+                  launcher=["--respawn", "--strict"], tmp_path=tmp_path, timeout=180,
+                  env={"TEST_ANOMALY_IN_JOINER": "1"}, expect_rc=70)
+    assert "elastic_hvd: ANOMALY #1" in job.output, job.output[-3000:]
+    assert "strict mode: a process met an anomaly; ending the whole job" in job.output
+    assert not job.results  # nobody finished the 400 steps (~25 s)
+    assert time.monotonic() - started < 60

@@ -8,6 +8,7 @@ import sys
 from . import config, faults
 from .comm import LeftEarly, ResilientComm
 from .errors import ElasticHvdError, NotInitializedError
+from .freshness import ANOMALY_EXIT_STATUS
 from .growth import Invitation
 from .heartbeat import Heartbeat
 from .mpi_env import (CONNECTED_FINALIZE_DEADLINE, finalize, ft_enabled, load_mpi, retire,
@@ -102,6 +103,8 @@ def init(comm=None, *, min_np=None, mismatch_timeout=None, stall_timeout=None):
                           else mismatch_timeout),
         elastic=elastic, heartbeat=heartbeat, invitation=_invitation, pool=pool)
     _invitation = None  # taken: its communicator becomes the live one when this process joins
+    if _on_strict_abort is not None and _current.anomalies.strict:  # told before MPI_Abort
+        _current.anomalies.listeners.add(lambda _entry: _on_strict_abort(ANOMALY_EXIT_STATUS))
     _session = Session(_current)
     if not _current.joining:  # a joiner learns its id when it joins (see join())
         faults.configure(_current.original_id)
@@ -216,6 +219,16 @@ def _leave_together():
 
 _exit_status = None
 _on_leaving_early = None
+_on_strict_abort = None
+
+
+def when_strict_abort(hook):
+    """Call ``hook(status)`` just before strict mode aborts the job on an anomaly:
+    ``elastic-hvd-run``'s wrapper records it and the launcher ends the whole job,
+    which ``MPI_Abort`` in a process spawned into the job does not do (it ends only
+    the spawned job; seen in the soak)."""
+    global _on_strict_abort
+    _on_strict_abort = hook
 
 
 def when_leaving_early(hook):

@@ -203,13 +203,28 @@ def members_done(outcomes):
     return bool(ended) and all(set(o["members"]) <= finished for o in ended)
 
 
+def strict_abort(outcomes):
+    """Whether a process recorded that strict mode ends the job (an anomaly)."""
+    return any(o["code"] == ANOMALY_EXIT_STATUS and o.get("aborted") for o in outcomes)
+
+
 def end_when_members_done(proc, status_dir, grace, stopped):
     """End ``proc`` (mpirun) if it still runs ``grace`` seconds after every member
     finished.  mpirun waits for every process it started, also one the ranks
     evicted long ago -- frozen (SIGSTOP, a hung node) on a host where no rank is
     left to fence it: only the runtime can reach it there."""
     while not stopped.wait(0.5):
-        if members_done(read_outcomes(status_dir)):
+        outcomes = read_outcomes(status_dir)
+        if strict_abort(outcomes):
+            # MPI_Abort in a process spawned into the job ends only its own (spawned)
+            # job; strict mode means the whole job (seen in the soak).
+            print("elastic-hvd-run: strict mode: a process met an anomaly; ending the whole job",
+                  file=sys.stderr, flush=True)
+            proc.terminate()
+            if not stopped.wait(10):
+                proc.kill()
+            return
+        if members_done(outcomes):
             if stopped.wait(grace):
                 return
             print("elastic-hvd-run: every rank of the job has finished, but mpirun still waits "
@@ -274,7 +289,8 @@ def exit_status(code, outcomes):
                       if code else None)
     ended = [o for o in outcomes if o["code"] is not None]
     completed = [o for o in ended if not o.get("left")]
-    if not completed and code == ANOMALY_EXIT_STATUS:
+    if strict_abort(outcomes) or (not completed and code == ANOMALY_EXIT_STATUS):
+        code = ANOMALY_EXIT_STATUS
         return code, (f"exit status {code}: strict mode ended the job on an anomaly (see the "
                       "'elastic_hvd: ANOMALY' line above)")
     if not ended:

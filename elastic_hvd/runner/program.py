@@ -8,7 +8,9 @@ process writes ``<host>-<pid>.json``: ``{"id": null, "code": null}`` when it sta
 then its exit code, its original id and the job's members then (original ids)
 when the program *ends by itself* (returns or calls ``sys.exit``), and ``"left": true``
 once it has then *left early*: the others went on training without it (see
-``ResilientComm.leave``), so it completed nothing by itself.  A process
+``ResilientComm.leave``), so it completed nothing by itself; ``"aborted": true``
+when strict mode ends the job on an anomaly (the launcher then ends mpirun: an
+``MPI_Abort`` in a spawned process ends only the spawned job).  A process
 killed, crashed, or ended by an uncaught exception (which the runtime turns into
 a crash when other ranks go on, see ``runtime._at_exit``) keeps ``"code": null``:
 it was lost; so does a spawned process that the job gave up before adopting it
@@ -44,12 +46,12 @@ def exit_code(code):
     return code & 0xFF if isinstance(code, int) else 1
 
 
-def _record(path, code, left=False):
+def _record(path, code, left=False, aborted=False):
     runtime = sys.modules.get("elastic_hvd.core.runtime")  # imported if the program used it
     comm = runtime.current() if runtime and runtime.is_initialized() else None
     with open(path + ".tmp", "w") as f:
         json.dump({"id": comm and comm.original_id, "code": code,
-                   "members": comm and list(comm.ids), "left": left}, f)
+                   "members": comm and list(comm.ids), "left": left, "aborted": aborted}, f)
     os.replace(path + ".tmp", path)
 
 
@@ -70,6 +72,8 @@ def main():
         directory, f"{socket.gethostname()}-{os.getpid()}.json")
     if path:
         _record(path, None)
+        from elastic_hvd.core import runtime  # no MPI yet: that starts with init()
+        runtime.when_strict_abort(lambda status: _record(path, status, aborted=True))
     try:
         run(sys.argv[1:])
     except SystemExit as exc:

@@ -28,6 +28,18 @@ from elastic_hvd.core import faults
 from elastic_hvd.growth_policy import GrowthPolicy
 
 
+def answer_with_a_foreign_agreement(comm):
+    """From now on, this process's next agreement on a collective's outcome answers
+    with the value of its previous one (an anomaly, see core_scenarios.py)."""
+    real, seen = comm._agreement, []
+
+    def agreement(mpi_comm, value, timeout):
+        seen.append(real(mpi_comm, value, timeout))
+        return seen[-2] if len(seen) == 2 else seen[-1]
+
+    comm._agreement = agreement
+
+
 def main(steps, fail_before_join=None, joiner_delay=0.0):
     comm = core.init()
     # Past MPI_Init (a process killed inside it hangs the job's start): a watcher may kill.
@@ -61,6 +73,8 @@ def main(steps, fail_before_join=None, joiner_delay=0.0):
                 {"step": step, "total": total, "expected": expected, "policy": policy.state()})
             if comm.original_id in event.gained:
                 step, total, joined_at = state["step"], state["total"], state["step"]
+                if os.environ.get("TEST_ANOMALY_IN_JOINER"):
+                    answer_with_a_foreign_agreement(comm)
                 expected = state["expected"]
                 policy.load_state(state["policy"])
         step += 1
