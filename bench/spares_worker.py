@@ -20,19 +20,23 @@ import keras_callbacks as kc  # noqa: E402
 
 
 class StepTimes(tf.keras.callbacks.Callback):
-    """Each step's end time, duration and the job's size then, one line per step."""
+    """Each step's end time, its duration and the job's size then, one line per step.
+    A step's duration runs from the previous step's end, so that it includes the
+    work at the step boundary (a spawn, an adoption, the state's hand-over)."""
 
     def __init__(self, path):
         super().__init__()
-        self.path, self.started = path, None
+        self.path, self.last = path, None
 
     def on_train_batch_begin(self, batch, logs=None):
-        self.started = time.time()
+        if self.last is None:
+            self.last = time.time()
 
     def on_train_batch_end(self, batch, logs=None):
         now = time.time()
         with open(self.path, "a") as f:
-            f.write(f"{now:.6f} {now - self.started:.6f} {hvd.size()}\n")
+            f.write(f"{now:.6f} {now - self.last:.6f} {hvd.size()}\n")
+        self.last = now
 
 
 def main():

@@ -4,8 +4,9 @@
 
 Why: the test suite kills ranks at a few chosen points; a long job meeting faults
 of every kind at random moments (``chaos.py``) finds what no chosen point does.
-The driver starts ``job.py`` on 4 ranks under ``elastic-hvd-run --respawn``
-(strict mode, fast heartbeat), injects a fault every ``--interval`` seconds on
+The driver starts ``job.py`` on 4 ranks under ``elastic-hvd-run --spares 2 --respawn``
+(strict mode, fast heartbeat: a lost rank is replaced by a hot spare while one is
+left, then by a spawned process), injects a fault every ``--interval`` seconds on
 average, checks the invariants (``invariants.py``) while the job runs, and
 watches for a hang: no step committed for ``HANG_S`` seconds, or the job still
 running ``END_GRACE_S`` after its deadline.  At the end the job's whole session
@@ -64,6 +65,8 @@ def parse_args():
     parser.add_argument("--interval", type=float, default=15.0,
                         help="mean seconds between faults (uniform in 0.3-1.7 x this)")
     parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--spares", type=int, default=2,
+                        help="hot spares (elastic-hvd-run --spares); 0: refill by respawn only")
     parser.add_argument("--out", default=None, help="default: runs/soak/<time>")
     parser.add_argument("--avoid-known-limits", action="store_true",
                         help="send KILL instead of STOP to spawned processes (see chaos.py)")
@@ -74,7 +77,7 @@ class Soak:
     def __init__(self, args):
         self.seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**31)
         self.rng = random.Random(self.seed)
-        self.minutes, self.interval = args.minutes, args.interval
+        self.minutes, self.interval, self.spares = args.minutes, args.interval, args.spares
         self.out = Path(args.out or ROOT / "runs" / "soak" / time.strftime("%Y%m%d-%H%M%S"))
         self.out.mkdir(parents=True, exist_ok=True)
         self.start = time.time()
@@ -96,6 +99,7 @@ class Soak:
 
     def launch(self):
         cmd = [sys.executable, "-m", "elastic_hvd.runner.launch", "-np", str(NP), "--respawn",
+               "--spares", str(self.spares),
                "--heartbeat-period", "0.5", "--heartbeat-timeout", "2",
                "-x", "ELASTIC_HVD_STRICT=1", "-x", "TF_CPP_MIN_LOG_LEVEL=3",
                "python", str(HERE / "job.py"), "--out", str(self.records.out),
