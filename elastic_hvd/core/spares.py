@@ -157,11 +157,19 @@ class AdoptCall(MergeCall):
 
     def __init__(self, comm, root, spare):
         MPI = comm.MPI
-        self._spare, self._port = spare, None
+        self._spare, self._port, unreachable = spare, None, None
         if comm.rank == root:
             self._port = MPI.Open_port()
-            MPI.COMM_WORLD.Send(bytearray(self._port.encode()), spare, ADOPT)
-        super().__init__(comm, lambda dup: dup.Accept(self._port, root=root))
+            try:
+                MPI.COMM_WORLD.Send(bytearray(self._port.encode()), spare, ADOPT)
+            except MPI.Exception as exc:  # the spare died: fail the call (the others are
+                unreachable = exc         # freed from the accept by the revoke that follows)
+
+        def accept(dup):
+            if unreachable is not None:
+                raise unreachable
+            return dup.Accept(self._port, root=root)
+        super().__init__(comm, accept)
 
     def _partner_failed(self):
         return self._port is not None and self._spare in failed_world_ranks(self._owner.MPI)
