@@ -78,6 +78,16 @@ RULES = [
 ]
 CATEGORIES = ("ours", "refusal", "keras2")
 
+# What the table says of a test whatever its result: (test-id regex, note).
+NOTES = [
+    (r"::test_horovod_broadcast_inplace_cpu$",
+     "slow (~30 s on a quiet machine; timed out at 180 s beside a soak): in a TF1 graph each "
+     "collective is chained after the previous one (tensorflow/ordering.py), so fetching the "
+     "n-th broadcast_ re-runs all n-1 earlier broadcasts (measured: 48 fetches ran 1176)"),
+    (r"::test_horovod_add_get_remove_process_set$",
+     "the internal is hvd.mpi_ops._basics; the test goes on to add_process_set (refused)"),
+]
+
 
 # -- the pytest plugin side (runs in the ranks) ------------------------------------------
 
@@ -329,6 +339,7 @@ def rows(data):
         else:
             why = "; ".join(f"{label}: {r}" for label, r in zip(("Keras 3", "tf_keras"), reasons)
                             if r)
+        why = "; ".join([why] * bool(why) + [n for r, n in NOTES if re.search(r, test_id)])
         file, *_, name = test_id.split("::")
         yield f"{file}::{name}", cell(recs[0]), cell(recs[1]), why
 
@@ -388,7 +399,7 @@ def markdown(data):
         "| test | Keras 3 | tf_keras | reason |",
         "|---|---|---|---|",
     ]
-    lines += [f"| `{t}` | {a} | {b} | {clip(why)} |" for t, a, b, why in rows(data)]
+    lines += [f"| `{t}` | {a} | {b} | {clip(why, 400)} |" for t, a, b, why in rows(data)]
     return "\n".join(lines) + "\n"
 
 
