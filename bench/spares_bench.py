@@ -31,25 +31,10 @@ import time
 import uuid
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+from mpijob import JOB_MARKER, job_ranks  # noqa: E402  (the job's world ranks, by marker)
 RUN = os.path.join(os.path.dirname(sys.executable), "elastic-hvd-run")
-MARK = "SPARES_BENCH_JOB"
 KILL_AFTER_STEPS = 25
-
-
-def world_ranks(marker):
-    """``{MPI_COMM_WORLD rank: pid}`` of the job's processes started by mpirun."""
-    found = {}
-    for entry in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                env = f.read().split(b"\0")
-        except (OSError, ValueError):
-            continue
-        if f"{MARK}={marker}".encode() in env:
-            rank = [e for e in env if e.startswith(b"OMPI_COMM_WORLD_RANK=")]
-            if rank:
-                found[int(rank[0].split(b"=")[1])] = int(entry)
-    return found
 
 
 def cpu_seconds(pid):
@@ -68,7 +53,7 @@ def job(kind, out):
     extra = {"spares": ["--spares", "1"], "respawn": ["--respawn"], "shrink": []}[kind]
     cmd = [RUN, "-np", "4", *extra, "python", os.path.join(ROOT, "bench", "spares_worker.py"),
            "--out", out, "--steps", "200", "--epochs", "1"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, MARK: marker},
+    proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, JOB_MARKER: marker},
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     try:
@@ -78,7 +63,7 @@ def job(kind, out):
             if done and max(done) >= KILL_AFTER_STEPS:
                 break
             time.sleep(0.05)
-        ranks = world_ranks(marker)
+        ranks = job_ranks(marker)
         spare_cpu = None
         if kind == "spares":
             before, started = cpu_seconds(ranks[4]), time.monotonic()

@@ -20,8 +20,9 @@ pytestmark = pytest.mark.multirank
 STEPS = 120
 
 
-def grow(tmp_path, faults, *args, launcher=("--respawn",), timeout=180, env=None, watcher=None):
-    job = run_job("growth_scenarios.py", STEPS, *args, np=4, faults=faults, launcher=launcher,
+def grow(tmp_path, faults, *args, launcher=("--respawn",), timeout=180, env=None, watcher=None,
+         np_=4):
+    job = run_job("growth_scenarios.py", STEPS, *args, np=np_, faults=faults, launcher=launcher,
                   tmp_path=tmp_path, timeout=timeout, env=env, watcher=watcher)
     results = job.results
     final_ids = results[min(results)]["ids"]

@@ -14,11 +14,10 @@ import time
 
 import pytest
 
-from mpijob import job_ranks, run_job
+from mpijob import job_ranks
+from test_growth import grow
 
 pytestmark = pytest.mark.multirank
-
-STEPS = 120
 
 
 def kill_world_ranks(*plan, processes=5):
@@ -37,15 +36,8 @@ def kill_world_ranks(*plan, processes=5):
 
 
 def run(tmp_path, np_, spares, faults=None, watcher=None, launcher=()):
-    job = run_job("growth_scenarios.py", STEPS, np=np_, faults=faults,
-                  launcher=["--spares", str(spares), *launcher], tmp_path=tmp_path,
-                  timeout=180, watcher=watcher)
-    results = job.results
-    final_ids = results[min(results)]["ids"]
-    assert sorted(results) == sorted(final_ids), job.output[-4000:]
-    assert len({tuple(r["total"]) for r in results.values()}) == 1, "ranks disagree"
-    for r in results.values():  # no step lost or repeated, spares started from the live total
-        assert r["total"][0] == r["expected"], (r["total"][0], r["expected"])
+    job, results, final_ids = grow(tmp_path, faults, launcher=["--spares", str(spares), *launcher],
+                                   watcher=watcher, np_=np_)
     history = [(e["lost"], e["gained"]) for e in results[final_ids[0]]["events"]]
     for r in results.values():
         assert [(e["lost"], e["gained"]) for e in r["events"]] == history
