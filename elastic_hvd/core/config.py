@@ -49,6 +49,12 @@ SETTINGS = (
     Setting("spares", "ELASTIC_HVD_SPARES", int, 0, 0,
             "the last N processes of the job wait as hot spares that replace lost ranks at "
             "the next step boundary (--spares; with plain mpirun add them to -np)"),
+    Setting("spares_wait", "ELASTIC_HVD_SPARES_WAIT", str, "auto", None,
+            "where a hot spare waits: 'growth' (at its script's growth point: hvd.fit, "
+            "ElasticData, hvd.elastic.run; adopted at the next step), 'init' (in hvd.init(), "
+            "then it runs the script as the rank it replaces and is adopted at an epoch's "
+            "start: a plain Horovod script), 'auto' (growth if the main script uses one of "
+            "those, else init)"),
     Setting("max_np", "ELASTIC_HVD_MAX_NP", int, None, 1,
             "add ranks up to this many while discovered hosts have free slots (--max-np)"),
     Setting("host_discovery", "ELASTIC_HVD_HOST_DISCOVERY", str, None, None,
@@ -77,6 +83,9 @@ SETTINGS = (
 Config = dataclasses.make_dataclass(
     "Config", [(s.name, object, dataclasses.field(default=s.default)) for s in SETTINGS],
     frozen=True, namespace={"__doc__": "The values of every :data:`SETTINGS` entry."})
+
+#: Values of ``ELASTIC_HVD_SPARES_WAIT``.
+SPARES_WAIT = ("auto", "growth", "init")
 
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off", "")
 
@@ -108,6 +117,9 @@ def from_environ(environ=os.environ):
         except ValueError as exc:
             raise ValueError(f"{setting.env}={text!r}: {exc} ({setting.doc})") from None
     config = Config(**values)
+    if config.spares_wait not in SPARES_WAIT:
+        raise ValueError(f"ELASTIC_HVD_SPARES_WAIT={config.spares_wait!r}: expected one of "
+                         f"{', '.join(SPARES_WAIT)}")
     if config.heartbeat_timeout <= 3 * config.heartbeat_period:
         raise ValueError(
             f"ELASTIC_HVD_HEARTBEAT_TIMEOUT ({config.heartbeat_timeout}s) must exceed 3 x "
