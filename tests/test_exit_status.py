@@ -1,6 +1,6 @@
 """The job's exit status (issue 10): ``elastic-hvd-run`` returns the script's, and
 the same table run under plain ``mpirun --with-ft ulfm`` pins down what mpirun itself
-reports (measured; the README's "Exit status" section shows both).
+reports (measured; the "Exit status" section of docs/settings.md shows both).
 
 Real 4-rank jobs, real SIGKILLs (fault plan, self-kill, the stall watchdog).
 """

@@ -130,7 +130,7 @@ def test_a_lost_hosts_ranks_are_replaced_on_the_host_discovery_offers(tmp_path):
                   expect_rc=None)
     if "node loss: the MPI runtime lost the daemon of host" in job.output:
         # Nothing here touches a daemon: one aborted on the heap that the runtime's
-        # handling of a cross-host MPI_Comm_spawn corrupted (README, Known upstream quirks).
+        # handling of a cross-host MPI_Comm_spawn corrupted (docs/openmpi-quirks.md).
         pytest.xfail("Open MPI 5.0.11: a daemon aborted after the cross-host spawn")
     assert job.returncode == 0, job.output[-4000:]
     results = job.results

@@ -20,7 +20,7 @@ library's bugs.  So each rule here is stated from first principles:
   loss noticed in the growth check before it) is counted, not judged.
 * **Step bound:** no gap between two consecutive committed steps is longer than
   ``STEP_BOUND_S``.  Why 10 s: the slowest legitimate step waits for the eviction
-  of a SIGSTOPped rank (heartbeat timeout 2 s; README measures ~2-3 s each, two
+  of a SIGSTOPped rank (heartbeat timeout 2 s; docs/multi-host.md measures ~2-3 s each, two
   stopped ranks one after the other ~6 s), plus a join it may adopt (~1.4 s);
   what is left is slack for 4 ranks and a starting TensorFlow on 2 cores.
 * **Memory:** each rank's RSS, after ``RSS_WARMUP_S`` of its life, grows by less than
