@@ -192,15 +192,6 @@ def _differentiable():
     return not tf.executing_eagerly() or _could_record()
 
 
-_WIDEN = {tf.bfloat16: tf.float32}
-
-
-def _cast_in(tensor):
-    """bfloat16 has no numpy reduction: reduce it in float32."""
-    wide = _WIDEN.get(tensor.dtype)
-    return (tf.cast(tensor, wide), tensor.dtype) if wide else (tensor, None)
-
-
 def _attribute(factor):
     """A scale factor as Horovod's TF ops receive it: their ``prescale_factor`` and
     ``postscale_factor`` attributes are float32 (horovod/tensorflow/mpi_ops.cc), so
@@ -223,14 +214,20 @@ def _aligned_empty(count, dtype):
     return raw[start:start + count * dtype.itemsize].view(dtype)
 
 
+#: Dtypes numpy cannot reduce, reduced in a wider one.
+_WIDEN = {np.dtype(tf.bfloat16.as_numpy_dtype): np.dtype(np.float32)}
+
+
 def fused_allreduce(arrays, op, prescale_factor=1.0, postscale_factor=1.0):
     """Allreduce many numpy arrays in as few collectives as possible.
 
     Arrays of one dtype are packed into buffers of at most the fusion threshold;
     each buffer is one resilient collective, whose signature carries the arrays'
-    shapes (ranks that pack other shapes mismatch, even with equal sizes).  Every
-    result starts on a 64-byte boundary (segments are padded with zeros), so TF can
-    take it without a copy.
+    shapes (ranks that pack other shapes mismatch, even with equal sizes).  bfloat16
+    is packed into float32 and its signature names bfloat16 too: ranks that pass
+    bfloat16 and float32 mismatch, as Horovod's do, instead of summing together.
+    Every result of a buffer in the arrays' own dtype starts on a 64-byte boundary
+    (segments are padded with zeros), so TF can take it without a copy.
     """
     comm = _comm()
     results = [None] * len(arrays)
@@ -240,23 +237,26 @@ def fused_allreduce(arrays, op, prescale_factor=1.0, postscale_factor=1.0):
     threshold = _fusion_threshold()
 
     def reduce(batch, dtype):
-        align = max(1, _ALIGN // dtype.itemsize)
+        wire = _WIDEN.get(dtype, dtype)
+        align = max(1, _ALIGN // wire.itemsize)
         starts, total = [], 0
         for j in batch:
             starts.append(total)
             total += -(-arrays[j].size // align) * align
-        if len(batch) == 1:
+        if len(batch) == 1 and wire == dtype:
             send = arrays[batch[0]].reshape(-1)
         else:
-            send = np.zeros(total, dtype=dtype)
+            send = np.zeros(total, dtype=wire)
             for j, start in zip(batch, starts):
                 send[start:start + arrays[j].size] = arrays[j].reshape(-1)
+        layout = [arrays[j].shape for j in batch]
         reduced = comm.allreduce(send, op=op, prescale_factor=prescale_factor,
                                  postscale_factor=postscale_factor,
-                                 out=_aligned_empty(send.size, dtype),
-                                 shapes=[arrays[j].shape for j in batch])
+                                 out=_aligned_empty(send.size, wire),
+                                 shapes=layout if wire == dtype else [dtype.name] + layout)
         for j, start in zip(batch, starts):
-            results[j] = reduced[start:start + arrays[j].size].reshape(arrays[j].shape)
+            segment = reduced[start:start + arrays[j].size].reshape(arrays[j].shape)
+            results[j] = segment if wire == dtype else segment.astype(dtype)
 
     for dtype, indices in by_dtype.items():
         batch, nbytes = [], 0
@@ -285,9 +285,7 @@ def reduce_together(groups, sparse, op, prescale_factor=1.0, postscale_factor=1.
     commits the step.  Returns ``(dense results per group, [(values, indices)])``.
     """
     dense = [t for group in groups for t in group]
-    cast = [_cast_in(t) for t in dense]
-    sparse_inputs = [x for pair in sparse for x in pair]
-    inputs = [c[0] for c in cast] + sparse_inputs
+    inputs = dense + [x for pair in sparse for x in pair]
     if not inputs:
         return [[] for _ in groups], []
     sizes = [len(group) for group in groups]
@@ -315,11 +313,9 @@ def reduce_together(groups, sparse, op, prescale_factor=1.0, postscale_factor=1.
             else comm.consistent(attempt)
 
     outputs = _numpy_op(name, fn, inputs, [t.dtype for t in inputs])
-    reduced = []
-    for out, (inp, original) in zip(outputs, cast):
+    for out, inp in zip(outputs, dense):
         out.set_shape(inp.shape)
-        reduced.append(tf.cast(out, original) if original is not None else out)
-    per_group, start = [], 0
+    reduced, per_group, start = outputs[:len(dense)], [], 0
     for count in sizes:
         per_group.append(reduced[start:start + count])
         start += count
@@ -333,19 +329,16 @@ def reduce_together(groups, sparse, op, prescale_factor=1.0, postscale_factor=1.
 
 
 def _grouped_allreduce_raw(tensors, op, prescale_factor, postscale_factor, name):
-    cast = [_cast_in(t) for t in tensors]
-    inputs = [c[0] for c in cast]
     prescale_factor, postscale_factor = _attribute(prescale_factor), _attribute(postscale_factor)
 
     def fn(*arrays):
         return fused_allreduce(list(arrays), op, prescale_factor, postscale_factor)
 
-    outputs = _numpy_op(name or "HorovodGroupedAllreduce", fn, inputs, [t.dtype for t in inputs])
-    results = []
-    for out, (inp, original) in zip(outputs, cast):
+    outputs = _numpy_op(name or "HorovodGroupedAllreduce", fn, tensors,
+                        [t.dtype for t in tensors])
+    for out, inp in zip(outputs, tensors):
         out.set_shape(inp.shape)
-        results.append(tf.cast(out, original) if original is not None else out)
-    return results
+    return outputs
 
 
 def _grouped_allreduce(tensors, op, prescale_factor=1.0, postscale_factor=1.0, name=None):

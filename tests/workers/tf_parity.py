@@ -23,6 +23,8 @@ CATCHERS = {"tf.FailedPreconditionError": tf.errors.FailedPreconditionError,
             "hvd.RemoteCollectiveError": hvd.RemoteCollectiveError,
             "ValueError": ValueError, "NotImplementedError": NotImplementedError}
 
+MODES = ("eager", "function", "tf1")
+
 #: (prescale_factor, postscale_factor) pairs; 0.1 and 0.3 are not float32 numbers.
 FACTORS = [(0.5, 1.0), (1.0, 0.3), (0.1, 3.0)]
 
@@ -203,6 +205,41 @@ def same_size_other_shape(r):
     return got, message
 
 
+def other_dtype(r):
+    """What each collective raises when rank 0 passes bfloat16 where rank 1 passes
+    float32 (Horovod's coordinator compares dtypes: FailedPreconditionError on every
+    rank), each call after three float32 ones, so that rank 1's call is the one its
+    signature predictor expects (the cheap path); and the eager allreduce's message.
+    bfloat16 is reduced in float32: its signature must still name bfloat16."""
+    def gradients(dtype):  # a DistributedGradientTape: the step's fused reduction
+        x = tf.ones([3], dtype)
+        with tf.GradientTape() as plain:
+            plain.watch(x)
+            loss = tf.reduce_sum(x * x)
+        return hvd.DistributedGradientTape(plain).gradient(loss, x)
+    cast = {"allreduce": lambda dtype: hvd.allreduce(tf.ones([4], dtype)),
+            "grouped_allreduce": lambda dtype: hvd.grouped_allreduce([tf.ones([3]),
+                                                                      tf.ones([4], dtype)]),
+            "gradients": gradients}
+    moved = {"broadcast": lambda dtype: hvd.broadcast(tf.ones([4], dtype), 0),
+             "allgather": lambda dtype: hvd.allgather(tf.ones([2, 2], dtype)),
+             "reducescatter": lambda dtype: hvd.reducescatter(tf.ones([4], dtype)),
+             "alltoall": lambda dtype: hvd.alltoall(tf.ones([2, 2], dtype))}
+    mine = [tf.bfloat16, tf.float32][r]
+    got = {}
+    for name, build in list(cast.items()) + list(moved.items()):
+        for mode in MODES if name in cast else ("eager",):
+            for _ in range(3):
+                modes(lambda build=build: build(tf.float32))[mode]()
+            got[f"{name} {mode}"] = raised(modes(lambda build=build: build(mine))[mode])
+    try:
+        hvd.allreduce(tf.ones([4], mine))
+        message = None
+    except hvd.MismatchError as exc:
+        message = str(exc)
+    return got, message
+
+
 def broadcast_inplace(r):
     """Horovod's test_horovod_broadcast_inplace_[multiple_]cpu: ``hvd.broadcast_`` of
     variables holding the rank, from root 1, eagerly, in a tf.function and in a TF1
@@ -254,6 +291,7 @@ def two_ranks():
         "alltoall function": raised(tf.function(uneven_alltoall)),
         "alltoall tf1": raised(in_session(uneven_alltoall))}
     obs["same size, other shape"], obs["mismatch message"] = same_size_other_shape(r)
+    obs["other dtype"], obs["dtype message"] = other_dtype(r)
     obs["broadcast_"] = broadcast_inplace(r)
     obs["after errors"] = listed(hvd.allreduce(tf.ones([2]), op=hvd.Sum))
 
