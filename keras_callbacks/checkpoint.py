@@ -23,9 +23,14 @@ lost node, the launcher starts it again and ``restore()`` takes that copy if it
 is newer than the newest checkpoint: only the steps since the copy are trained
 again.
 
+The state is written as data (:mod:`elastic_hvd.state_format`: JSON and
+``.npz``, never pickle), in the checkpoint and in the launcher's copy alike, so
+restoring from a directory someone else could write runs no code; a checkpoint
+whose state is a pickle (from an elastic_hvd that wrote them) is read only with
+``ELASTIC_HVD_UNPICKLE_CHECKPOINTS`` (see docs/checkpoints.md).
+
 Not guaranteed: if the writer dies during the *final* checkpoint (too few
 ranks), nobody writes it in its place: the previous committed one stays.
-The state file is a pickle: load checkpoints only from directories you trust.
 """
 
 import contextlib
@@ -38,7 +43,7 @@ import time
 
 import tensorflow as tf
 
-from elastic_hvd import state_replica
+from elastic_hvd import state_format, state_replica
 from elastic_hvd.core import config, runtime
 from elastic_hvd.tensorflow.optimizer_state import get_lr
 from elastic_hvd.tensorflow.training_state import TrainingState
@@ -49,9 +54,25 @@ from .ckpt_files import CheckpointFiles
 EXIT_BELOW_MIN_NP = 3
 
 
-def _write_state(state, path):
-    with open(path, "wb") as f:
-        pickle.dump(state, f, protocol=pickle.HIGHEST_PROTOCOL)
+#: The opt-in that lets ``restore()`` unpickle a state file.
+UNPICKLE_ENV = "ELASTIC_HVD_UNPICKLE_CHECKPOINTS"
+
+
+def _read_state(path):
+    """The training state in the file ``path``, as data; a pickled one (``.pkl``)
+    only with the opt-in."""
+    if not path.endswith(".pkl"):
+        return state_format.load(path)
+    if not config.current().unpickle_checkpoints:
+        raise state_format.StateFileError(path, (
+            "a pickled training state: unpickling runs whatever code the file holds, so "
+            f"elastic_hvd reads it only with {UNPICKLE_ENV}=1. Set it for one restore if you "
+            "wrote this checkpoint yourself: the next save writes the state as data"))
+    if not runtime.is_initialized() or runtime.current().rank == 0:
+        print(f"elastic_hvd: unpickling {path} ({UNPICKLE_ENV} is set); the next checkpoint "
+              "is written as data", file=sys.stderr, flush=True)
+    with open(path, "rb") as f:
+        return pickle.load(f)
 
 
 class ElasticCheckpoint(tf.keras.callbacks.Callback):
@@ -101,8 +122,7 @@ class ElasticCheckpoint(tf.keras.callbacks.Callback):
 
         def send():
             try:
-                state_replica.put([state["session"]["step"]],
-                                  pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL))
+                state_replica.put([state["session"]["step"]], state_format.dumps(state))
             except OSError as exc:  # the launcher is gone or busy: the next step tries again
                 print(f"elastic_hvd: could not send the state to the launcher: {exc}",
                       file=sys.stderr, flush=True)
@@ -122,7 +142,7 @@ class ElasticCheckpoint(tf.keras.callbacks.Callback):
         model = self.model
         state = self._training_state(model).state(resume_epoch)
         self.files.write(seq, resume_epoch, {
-            "state": ("state.pkl", lambda path: _write_state(state, path)),
+            "state": ("state.npz", lambda path: state_format.dump(state, path)),
             "weights": ("weights.h5", model.save_weights),
         }, {"epoch": resume_epoch, "step": state.get("session", {}).get("step"),
             "host": socket.gethostname(),
@@ -162,12 +182,27 @@ class ElasticCheckpoint(tf.keras.callbacks.Callback):
             print(f"elastic_hvd: the launcher's copy of the state is out of reach: {exc}",
                   file=sys.stderr, flush=True)
             return None
-        return pickle.loads(blob) if blob else None
+        if not blob:
+            return None
+        try:
+            return state_format.loads(blob, "the launcher's copy of the state")
+        except state_format.StateFileError as exc:
+            print(f"elastic_hvd: ignoring the launcher's copy of the state ({exc.reason}); "
+                  "restoring from the checkpoints on disk", file=sys.stderr, flush=True)
+            return None
 
     def _read(self, model, entry):
-        with open(os.path.join(self.directory, entry["state"]), "rb") as f:
-            state = pickle.load(f)
-        return self._load(model, state, entry["name"])
+        name = entry.get("state")
+        if name not in entry["files"]:
+            raise ValueError(f"{self.meta_path}: checkpoint {entry.get('name')!r} names no "
+                             f"state file among its files ({name!r})")
+        path = os.path.join(self.directory, name)
+        state = _read_state(path)
+        try:
+            return self._load(model, state, entry["name"])
+        except (KeyError, IndexError, TypeError, AttributeError) as exc:  # data, not a state
+            raise state_format.StateFileError(path, (
+                f"not a training state ({type(exc).__name__}: {exc})")) from exc
 
     def _load(self, model, state, source):
         epoch = self._training_state(model).load_state(state, membership=False)

@@ -37,6 +37,10 @@ def _fsync(path, directory=False):
         os.close(fd)
 
 
+def _plain_name(name):
+    return isinstance(name, str) and name not in ("", ".", "..") and os.path.basename(name) == name
+
+
 class CheckpointFiles:
     """Committed checkpoints in ``directory``; the newest ``keep`` are kept."""
 
@@ -50,16 +54,30 @@ class CheckpointFiles:
         return os.path.join(self.directory, META)
 
     def entries(self):
-        """The committed checkpoints, newest first ([] when there is none)."""
+        """The committed checkpoints, newest first ([] when there is none).
+
+        ``ValueError`` naming checkpoint.json if it is not what ``write`` commits,
+        e.g. a file name with a directory in it: reading or deleting it would reach
+        outside the directory."""
         try:
             with open(self.meta_path) as f:
                 meta = json.load(f)
         except FileNotFoundError:
             return []
+        except (ValueError, RecursionError) as exc:  # not JSON (or not UTF-8)
+            raise ValueError(f"{self.meta_path}: not valid JSON ({exc})") from None
+        if not isinstance(meta, dict) or not isinstance(meta.get("older", []), list):
+            raise ValueError(f"{self.meta_path}: not checkpoint metadata")
         newest = {k: v for k, v in meta.items() if k != "older"}
         if "files" not in newest:  # written before this protocol: one checkpoint
             newest["files"] = [meta[k] for k in ("weights", "optimizer") if meta.get(k)]
-        return [newest, *meta.get("older", [])]
+        entries = [newest, *meta.get("older", [])]
+        for entry in entries:
+            files = entry.get("files") if isinstance(entry, dict) else None
+            if not isinstance(files, list) or not all(map(_plain_name, files)):
+                raise ValueError(f"{self.meta_path}: a checkpoint's files are not plain file "
+                                 f"names in the directory: {files!r}")
+        return entries
 
     @staticmethod
     def next_seq(entries):

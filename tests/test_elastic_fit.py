@@ -15,13 +15,13 @@ train begin, 2 = step 1's gradients, 3 = broadcast after step 1, 4..9 = steps
 import collections
 import json
 import os
-import pickle
 import random
 import signal
 import time
 
 import pytest
 
+from elastic_hvd import state_format
 from mpijob import assert_same_weights_every_step, job_ranks, run_job
 
 pytestmark = pytest.mark.multirank
@@ -115,8 +115,8 @@ def test_below_min_np_checkpoints_exits_and_resumes(tmp_path):
     first = fit(tmp_path, faults="rank=1,step=9", launcher=["--min-np", "4"], expect_rc=3)
     assert "Final checkpoint written" in first.output
     meta = json.loads((tmp_path / "out" / "ckpt" / "checkpoint.json").read_text())
-    with open(tmp_path / "out" / "ckpt" / meta["state"], "rb") as f:
-        state = pickle.load(f)  # the training state, as a joiner would receive it
+    # the training state, as a joiner would receive it
+    state = state_format.load(tmp_path / "out" / "ckpt" / meta["state"])
     assert meta["epoch"] == state["epoch"] == 1 and state["sampler"]["queue"]  # epoch 2, part-way
     events = read_lines(tmp_path / "out" / "events.jsonl")
     for path in (tmp_path / "out").glob("rank*.json"):

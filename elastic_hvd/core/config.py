@@ -72,6 +72,10 @@ SETTINGS = (
     Setting("replica_budget", "ELASTIC_HVD_REPLICA_BUDGET", float, 0.05, 0.0,
             "share of training time rank 0 may spend copying the state to elastic-hvd-run "
             "(for a relaunch after a node loss; 0: no copies)"),
+    Setting("unpickle_checkpoints", "ELASTIC_HVD_UNPICKLE_CHECKPOINTS", bool, False, None,
+            "restore() may read a checkpoint whose state is a pickle (written before checkpoints "
+            "were data only): unpickling runs any code the file holds, so set it only for "
+            "checkpoints you wrote; the next save writes data (docs/checkpoints.md)"),
     Setting("strict", "ELASTIC_HVD_STRICT", bool, False, None,
             "an anomaly (an agreed value from another agreement, an outcome the protocol rules "
             "out) aborts the whole job with exit status 70 instead of being repaired and "

@@ -81,6 +81,8 @@ class State:
     ``commit``/``save`` keep a copy of the training state in memory, ``restore``
     goes back to it (keeping the learning-rate rescalings made since, see
     :mod:`.training_state`), ``sync`` makes rank 0's the state of every rank.
+    The values may be any Python objects, as in Horovod: they stay in the job's
+    memory and its broadcasts, and are never written to a file or to the launcher.
     """
 
     def __init__(self, **kwargs):

@@ -7,7 +7,9 @@ correction, the session's step -- was missing from the others.  A
 :class:`TrainingState` names the parts a job has (model, optimizer, plain
 variables, data sampler, growth policy, callbacks, a script's named values) and
 its ``state()`` / ``load_state()`` are the only code that reads or writes them.
-The state is plain Python and NumPy: broadcast as one object, written as one file.
+The state is plain Python and NumPy: broadcast as one object within the job,
+written as data (:mod:`elastic_hvd.state_format`, never pickle) to a checkpoint
+and to the launcher's copy.
 
 Some parts describe the running job's *membership*: which membership events its
 handlers applied and the learning-rate factor they produced (the training
@@ -38,7 +40,8 @@ class TrainingState:
     ``variables``: TF variables besides a model; ``sampler``: the
     :class:`~elastic_hvd.sharding.ElasticSampler`; ``policy``: the
     :class:`~elastic_hvd.growth_policy.GrowthPolicy`; ``callbacks``: callbacks whose
-    ``live_state()`` travels (membership only); ``values``: a dict of picklable values.
+    ``live_state()`` travels (membership only); ``values``: a dict of a script's values
+    (``hvd.elastic.State``'s: copied in memory and broadcast, never written to a file).
     """
 
     def __init__(self, model=None, optimizer=None, variables=None, sampler=None, policy=None,
@@ -63,7 +66,7 @@ class TrainingState:
                 build_optimizer(self.optimizer, self.model)  # its slots are part of the state
             state["optimizer"] = [v.numpy() for v in optimizer_variables(self.optimizer)]
             state["lr"] = get_lr(self.optimizer)
-            state["momentum"] = momentum_state(self.optimizer)
+            state["momentum"] = list(momentum_state(self.optimizer))  # as a file reads it
         if self.sampler is not None:
             state["sampler"] = {**self.sampler.state(), "batch_size": self.sampler.batch_size}
         if self.policy is not None:

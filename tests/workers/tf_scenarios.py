@@ -170,9 +170,8 @@ def training_state(phase, directory):
     """One training state, three uses.  Phase "save": train, rescale the rate as a
     membership change would, checkpoint mid-epoch, and check hvd.elastic's commit /
     restore / sync in place; phase "restart" (a new job): restore the checkpoint."""
-    import pickle
-
     import keras_callbacks as kc
+    from elastic_hvd import state_format
     from elastic_hvd.sharding import ElasticSampler
     from elastic_hvd.tensorflow.training_state import TrainingState
 
@@ -218,8 +217,7 @@ def training_state(phase, directory):
         checkpoint.set_model(model)
         checkpoint.save(1)
         comm.barrier()
-        with open(os.path.join(directory, checkpoint.files.entries()[0]["state"]), "rb") as f:
-            saved = pickle.load(f)
+        saved = state_format.load(os.path.join(directory, checkpoint.files.entries()[0]["state"]))
         result["same_as_live"] = {
             "keys": sorted(saved) == sorted(live),
             "arrays": all(np.array_equal(a, b) for part in ("model", "optimizer")

@@ -1,0 +1,286 @@
+"""Checkpoints and the launcher's copy of the state cannot run code (issue 21).
+
+A checkpoint directory is shared, copied and downloaded: whoever can write into
+it must not get code run by ``restore()``.  The tests plant a pickle whose
+unpickling creates a marker file wherever a state is read -- in place of a
+checkpoint's state file (checkpoint.json's record of its size fixed, as someone
+who owns the directory would), as a state file checkpoint.json names anew, as
+the launcher's copy of the state -- and check that restore refuses it naming the
+file, or passes it by, and that the marker never appears.  Truncated or garbled
+files give an error naming the file.  One process, no MPI.
+"""
+
+import json
+import os
+import pickle
+import re
+import zipfile
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+OPT_IN = "ELASTIC_HVD_UNPICKLE_CHECKPOINTS"
+
+
+class Plant:
+    """Unpickling this creates ``path``: it stands for any code a pickle can run."""
+
+    def __init__(self, path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        return open, (self.path, "w")
+
+
+@pytest.fixture
+def marker(tmp_path):
+    path = tmp_path / "marker"
+    yield path
+    assert not path.exists(), "reading the state ran the planted code"
+
+
+@pytest.fixture
+def settings(monkeypatch):
+    """Set environment variables and reload elastic_hvd's settings; reloaded once more
+    at the end (the settings are cached for the process)."""
+    from elastic_hvd.core import config
+
+    def set_env(**env):
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        config.load()
+    yield set_env
+    monkeypatch.undo()
+    config.load()
+
+
+def make_model():
+    import tensorflow as tf
+    tf.keras.utils.set_random_seed(0)
+    model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(2)])
+    model.compile(optimizer=tf.keras.optimizers.SGD(0.1, momentum=0.5), loss="mse")
+    return model
+
+
+def saved(directory, epochs=1):
+    """A model trained a little and checkpointed after each of ``epochs`` epochs."""
+    from keras_callbacks import ElasticCheckpoint
+    model = make_model()
+    checkpoint = ElasticCheckpoint(str(directory), keep=3)
+    checkpoint.set_model(model)
+    for epoch in range(epochs):
+        model.fit(np.ones((8, 4), np.float32), np.ones((8, 2), np.float32), verbose=0)
+        checkpoint.save(epoch + 1)
+    return model
+
+
+def plant(directory, content, name=None):
+    """Put ``content`` in the newest checkpoint's state file (or in a new file ``name``
+    that checkpoint.json names instead), with checkpoint.json's sizes to match.
+    Returns the file's path."""
+    meta_path = directory / "checkpoint.json"
+    meta = json.loads(meta_path.read_text())
+    old = meta["state"]
+    if name is not None:
+        meta["state"] = name
+        meta["files"] = [name if f == old else f for f in meta["files"]]
+    (directory / meta["state"]).write_bytes(content)
+    meta["sizes"] = {f: os.path.getsize(directory / f) for f in meta["files"]}
+    meta_path.write_text(json.dumps(meta))
+    return directory / meta["state"]
+
+
+def restore(directory):
+    from keras_callbacks import ElasticCheckpoint
+    model = make_model()
+    return ElasticCheckpoint(str(directory)).restore(model), model
+
+
+@pytest.mark.parametrize("name", [None, "ckpt-000000-e0001.state.pkl"],
+                         ids=["in place of the state file", "as a .pkl file"])
+def test_a_pickle_planted_as_the_state_is_never_run(tmp_path, marker, name):
+    saved(tmp_path)
+    path = plant(tmp_path, pickle.dumps(Plant(marker)), name)
+    with pytest.warns(UserWarning, match="unreadable"), \
+            pytest.raises(ValueError, match=re.escape(str(path))) as caught:
+        restore(tmp_path)
+    if name is not None:  # a pickled state is refused, and the opt-in named
+        assert OPT_IN in str(caught.value)
+
+
+def test_a_tampered_newest_checkpoint_is_passed_by_for_an_older_one(tmp_path, marker):
+    model = saved(tmp_path, epochs=2)
+    path = plant(tmp_path, pickle.dumps(Plant(marker)))
+    model.fit(np.ones((8, 4), np.float32), np.ones((8, 2), np.float32), verbose=0)
+    with pytest.warns(UserWarning, match=f"{re.escape(path.name)}: .*trying an older one"):
+        epoch, _ = restore(tmp_path)
+    assert epoch == 1
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbled", "compressed", "object array"])
+def test_a_damaged_state_file_is_an_error_naming_it(tmp_path, marker, damage):
+    saved(tmp_path)
+    meta = json.loads((tmp_path / "checkpoint.json").read_text())
+    content = (tmp_path / meta["state"]).read_bytes()
+    if damage == "truncated":
+        content = content[:len(content) // 2]
+    elif damage == "garbled":
+        content = content.replace(b'"dtype": "float32"', b'"dtype": "float64"', 1)
+    else:  # an archive of this layout, with one member deflated or made of pickles
+        rebuilt = tmp_path / "rebuilt.npz"
+        with zipfile.ZipFile(tmp_path / meta["state"]) as old, \
+                zipfile.ZipFile(rebuilt, "w") as new:
+            for info in old.infolist():
+                data = old.read(info)
+                if info.filename == "0.npy":
+                    if damage == "compressed":
+                        new.writestr(info.filename, data, zipfile.ZIP_DEFLATED)
+                        continue
+                    with new.open(info.filename, "w") as member:
+                        np.lib.format.write_array(
+                            member, np.array([Plant(marker)], dtype=object), allow_pickle=True)
+                    continue
+                new.writestr(info.filename, data)
+        content = rebuilt.read_bytes()
+    path = plant(tmp_path, content)
+    with pytest.warns(UserWarning), pytest.raises(ValueError, match=re.escape(str(path))):
+        restore(tmp_path)
+
+
+def test_a_truncated_checkpoint_json_is_an_error_naming_it(tmp_path):
+    saved(tmp_path)
+    meta = tmp_path / "checkpoint.json"
+    meta.write_text(meta.read_text()[:40])
+    with pytest.raises(ValueError, match=re.escape(str(meta))):
+        restore(tmp_path)
+
+
+def test_a_pickled_checkpoint_is_refused_then_read_once_with_the_opt_in(tmp_path, settings):
+    """A checkpoint of the pickle format (before issue 21): refused by default; read with
+    the opt-in, after which the next save writes data."""
+    from elastic_hvd import state_format
+    from keras_callbacks import ElasticCheckpoint
+    model = saved(tmp_path)
+    meta = json.loads((tmp_path / "checkpoint.json").read_text())
+    state = state_format.load(tmp_path / meta["state"])
+    os.remove(tmp_path / meta["state"])
+    path = plant(tmp_path, pickle.dumps(state), "ckpt-000000-e0001.state.pkl")
+    settings()
+    with pytest.warns(UserWarning), pytest.raises(ValueError, match=OPT_IN) as caught:
+        restore(tmp_path)
+    assert str(path) in str(caught.value)
+    settings(**{OPT_IN: "1"})
+    fresh = make_model()
+    checkpoint = ElasticCheckpoint(str(tmp_path))
+    assert checkpoint.restore(fresh) == 1
+    for a, b in zip(model.get_weights(), fresh.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    checkpoint.set_model(fresh)
+    checkpoint.save(1)
+    assert checkpoint.files.entries()[0]["state"].endswith(".state.npz")
+
+
+# -- the launcher's copy of the state (elastic_hvd.state_replica) ----------------------
+@pytest.fixture
+def keeper(monkeypatch):
+    """A real keeper on this host, and this process set up as a rank of a relaunched job."""
+    from elastic_hvd import state_replica
+    kept = state_replica.Keeper(host="127.0.0.1")
+    for name, value in {**kept.environ(), state_replica.LAUNCH_ENV: "1"}.items():
+        monkeypatch.setenv(name, value)
+    yield kept
+    kept.close()
+
+
+def test_a_pickle_as_the_launchers_copy_is_never_run(tmp_path, marker, keeper, capfd):
+    from elastic_hvd import state_replica
+    saved(tmp_path)
+    state_replica.put([10 ** 6], pickle.dumps(Plant(marker)))
+    epoch, _ = restore(tmp_path)  # from the checkpoint on disk
+    assert epoch == 1
+    assert "ignoring the launcher's copy of the state" in capfd.readouterr().err
+
+
+def test_the_launchers_copy_is_read_as_data(tmp_path, keeper, capfd):
+    """A copy that is data is taken (it is newer than the checkpoint); the same copy
+    truncated is passed by, with the reason."""
+    from elastic_hvd import state_format, state_replica
+    from elastic_hvd.tensorflow.training_state import TrainingState
+    saved(tmp_path)
+    model = make_model()
+    model.fit(np.ones((8, 4), np.float32), np.zeros((8, 2), np.float32), verbose=0)
+    state = TrainingState(model).state(1)
+    state["session"] = {"step": 7, "lr_factor": 1.0, "applied": {}}
+    blob = state_format.dumps(state)
+    state_replica.put([7], blob[:len(blob) - 100])
+    assert restore(tmp_path)[0] == 1
+    assert "ignoring the launcher's copy of the state" in capfd.readouterr().err
+    state_replica.put([8], blob)
+    epoch, restored = restore(tmp_path)
+    assert epoch == 1 and "from the launcher's copy of step 7" in capfd.readouterr().err
+    for a, b in zip(model.get_weights(), restored.get_weights()):
+        np.testing.assert_array_equal(a, b)
+
+
+# -- the format itself ----------------------------------------------------------------
+def test_the_format_keeps_values_and_dtypes():
+    import ml_dtypes
+    from elastic_hvd import state_format
+    arrays = [np.arange(6, dtype=np.float32).reshape(2, 3), np.array(3, np.int64),
+              np.zeros((0, 4), np.float16), np.array([True, False]),
+              np.array([1.5, -2.0], dtype=ml_dtypes.bfloat16)]
+    state = {"format": 1, "epoch": None, "lr": float("nan"), "model": arrays,
+             "momentum": (0.9, None), "sampler": {"queue": [np.int64(3), 4], "step": 2},
+             "values": {"name": "x", "nested": [{"a": np.float32(0.5)}]}}
+    back = state_format.loads(state_format.dumps(state), "test")
+    for a, b in zip(arrays, back["model"]):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        np.testing.assert_array_equal(a, b)
+    assert back["momentum"] == [0.9, None] and np.isnan(back["lr"])
+    assert back["sampler"] == {"queue": [3, 4], "step": 2}
+    assert back["values"] == {"name": "x", "nested": [{"a": 0.5}]}
+    assert type(back["values"]["nested"][0]["a"]) is np.float32
+
+
+@pytest.mark.parametrize("value, where", [
+    (object(), "state['values']['bad']"),
+    ({1: "int key"}, "state['values']['bad']"),
+    (np.array([None], dtype=object), "state['values']['bad']"),
+    ([b"bytes"], "state['values']['bad'][0]"),
+])
+def test_values_that_are_not_data_are_refused_naming_where(value, where):
+    from elastic_hvd import state_format
+    with pytest.raises(ValueError) as caught:
+        state_format.dumps({"values": {"ok": 1, "bad": value}})
+    assert str(caught.value).startswith(where)
+
+
+def test_every_truncation_is_an_error_naming_the_source():
+    from elastic_hvd import state_format
+    blob = state_format.dumps({"a": np.arange(3.0), "b": [1, {"c": "d"}]})
+    for end in range(len(blob)):
+        with pytest.raises(state_format.StateFileError, match="^the copy: "):
+            state_format.loads(blob[:end], "the copy")
+
+
+def test_file_names_reaching_outside_the_directory_are_refused(tmp_path):
+    """checkpoint.json names the files that a save deletes once they are past ``keep``:
+    a name with a directory in it would delete a file outside the checkpoints."""
+    from keras_callbacks import ElasticCheckpoint
+    directory = tmp_path / "ckpt"
+    model = saved(directory)
+    victim = tmp_path / "victim"
+    victim.write_text("not a checkpoint")
+    meta_path = directory / "checkpoint.json"
+    meta = json.loads(meta_path.read_text())
+    meta["older"] = [{"name": "x", "seq": 0, "epoch": 0, "files": ["../victim"]}]
+    meta_path.write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match=re.escape(str(meta_path))):
+        restore(directory)
+    checkpoint = ElasticCheckpoint(str(directory), keep=1)
+    checkpoint.set_model(model)
+    with pytest.raises(ValueError, match="not plain file names"):
+        checkpoint.save(2)
+    assert victim.read_text() == "not a checkpoint"
