@@ -80,6 +80,9 @@ SETTINGS = (
             "an anomaly (an agreed value from another agreement, an outcome the protocol rules "
             "out) aborts the whole job with exit status 70 instead of being repaired and "
             "logged (--strict; make test and make soak set it)"),
+    Setting("announce", "ELASTIC_HVD_ANNOUNCE", bool, True, None,
+            "the current rank 0 prints one line per membership change: the ranks lost or gained, "
+            "the new size, what it cost and what it means for the run (0: off)"),
     Setting("faults", "ELASTIC_HVD_FAULTS", str, "", None,
             "fault plan for tests and demos, e.g. rank=2,step=40 (--faults)"),
 )

@@ -5,7 +5,7 @@ import os
 import signal
 import sys
 
-from . import config, faults
+from . import announce, config, faults
 from .comm import LeftEarly, ResilientComm
 from .errors import ElasticHvdError, NotInitializedError
 from .freshness import ANOMALY_EXIT_STATUS
@@ -106,6 +106,8 @@ def init(comm=None, *, min_np=None, mismatch_timeout=None, stall_timeout=None):
     if _on_strict_abort is not None and _current.anomalies.strict:  # told before MPI_Abort
         _current.anomalies.listeners.add(lambda _entry: _on_strict_abort(ANOMALY_EXIT_STATUS))
     _session = Session(_current)
+    if settings.announce:  # one line per membership change, on rank 0
+        _current.listeners.add(announce.Announcer(_current, _session))
     if not _current.joining:  # a joiner learns its id when it joins (see join())
         faults.configure(_current.original_id)
     atexit.register(_at_exit, MPI, heartbeat)
@@ -142,8 +144,10 @@ def _crash_if_others_go_on():
         return
     who = (f"process {os.getpid()}, spawned to join the running job," if _current.joining
            else f"rank {_current.rank} (original {_current.original_id})")
-    print(f"elastic_hvd: {who} stops on an uncaught exception; the other ranks continue "
-          "without it", file=sys.stderr, flush=True)
+    if _say_when_raising:
+        print(f"elastic_hvd: {who} stops on an uncaught exception and leaves the job as a crash "
+              "would, so that any rank still training goes on without it", file=sys.stderr,
+              flush=True)
     sys.stdout.flush()
     os.kill(os.getpid(), signal.SIGKILL)
 
@@ -220,6 +224,15 @@ def _leave_together():
 _exit_status = None
 _on_leaving_early = None
 _on_strict_abort = None
+_say_when_raising = True
+
+
+def leave_raising_to_launcher():
+    """A rank that stops on an uncaught exception says nothing itself: ``elastic-hvd-run``'s
+    wrapper records the exception and the launcher reports it, once for the whole job
+    (every rank may raise the same)."""
+    global _say_when_raising
+    _say_when_raising = False
 
 
 def when_strict_abort(hook):

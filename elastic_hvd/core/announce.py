@@ -1,0 +1,99 @@
+"""One console line per membership change, printed by the current rank 0, by default.
+
+Why in the core: an unchanged Horovod script (a data shard chosen by ``hvd.rank()``
+at start, a learning rate scaled by ``hvd.size()`` once) has no callback that would
+say it, and a lost rank changes what such a run trains -- the user must hear it.
+The layers that act on a change (the elastic data, the learning-rate rescaler) say
+what they do through :func:`effect`; what no layer handles is said as what it means
+for the run.  ``ELASTIC_HVD_ANNOUNCE=0`` turns the lines off.
+"""
+
+import os
+import sys
+import time
+
+#: What the program does about a change, by topic ("data", "lr"): callables
+#: ``event -> text or None``, registered by the layers that do it (see :func:`effect`).
+_effects = {}
+
+#: Said of a loss when no layer re-shares the data / rescales the learning rate.
+UNSHARED_DATA = "the lost rank's data shard is not trained for the rest of this run"
+UNCHANGED_LR = "the learning rate was not changed"
+ADVICE = "hvd.fit with hvd.ElasticData re-shares the data and rescales the learning rate"
+
+
+def effect(topic, describe):
+    """Register ``describe(event) -> text or None``: what this process does about a
+    membership change in ``topic`` (``"data"`` or ``"lr"``), for the line; replaces
+    the earlier description of that topic."""
+    _effects[topic] = describe
+
+
+def _ranks(ids):
+    return f"rank{'s' if len(ids) > 1 else ''} {', '.join(map(str, ids))}"
+
+
+def _ms(seconds):
+    return f"{seconds * 1e3:.0f} ms" if seconds < 10 else f"{seconds:.1f} s"
+
+
+def describe(event, comm, steps=None):
+    """The facts of ``event``: who was lost or gained (original ids, hosts on a
+    multi-host job), the new size, and what it cost -- each time with what it
+    measures."""
+    ids = tuple(event.lost) + tuple(event.gained)
+    hosts = {comm.host_of(i) for i in ids} | set(comm.hosts())
+    where = (lambda i: f" on {comm.host_of(i)}") if len(hosts - {None}) > 1 else (lambda i: "")
+    who = [f"{what} {_ranks(ids)}{''.join(sorted({where(i) for i in ids}))}"
+           for what, ids in (("lost", event.lost), ("gained", event.gained)) if ids]
+    when = f" after {steps} training steps" if steps else ""
+    text = f"{' and '.join(who)}{when}: {event.old_size} -> {event.new_size} ranks"
+    if event.gained:
+        return (f"{text}; the ranks spent {_ms(event.spawn_s)} starting it (spawn, or connecting "
+                f"a hot spare), and it joined {_ms(event.repair_s)} after that began, while "
+                "training went on")
+    collective = f" ({event.during})" if event.during else ""
+    return (f"{text}; the failure was agreed {_ms(event.detect_s)} after rank 0 entered the "
+            f"collective it interrupted{collective}, and the repair (revoke + shrink) took "
+            f"{_ms(event.repair_s)}")
+
+
+def consequences(event, comm):
+    """What the change means for the run: each topic's registered effect, or what an
+    unhandled loss means."""
+    said = [text for text in (of(event) for of in _effects.values()) if text]
+    if not event.lost:
+        return said
+    unhandled = [text for topic, text in (("data", UNSHARED_DATA), ("lr", UNCHANGED_LR))
+                 if topic not in _effects]
+    if unhandled and comm.spares_left:
+        unhandled[0] += " until a hot spare takes its place"
+    return said + unhandled + ([ADVICE] if unhandled else [])
+
+
+class Announcer:
+    """The listener (``ResilientComm.listeners``) that prints the line on rank 0.
+
+    Called inside the collective that met the change, on every rank alike: the
+    line comes at once, whether or not the program ever reaches a step boundary."""
+
+    def __init__(self, comm, session):
+        self.comm, self.session = comm, session
+
+    def __call__(self, event):
+        comm = self.comm
+        if comm.rank != 0 or comm.joining:
+            return
+        line = "; ".join([describe(event, comm, self.session.step), *consequences(event, comm)])
+        # A progress bar may be half-drawn on a terminal: start on a line of our own.
+        start = "\n" if stdout_is_terminal() else ""
+        print(f"{start}[elastic_hvd {time.strftime('%H:%M:%S')}] {line}", flush=True)
+
+
+def stdout_is_terminal():
+    """Whether this process's stdout reaches a terminal.  Under ``mpirun`` a rank's
+    stdout is always a pseudo-terminal (Open MPI forwards it through one), wherever
+    mpirun's own output goes; ``elastic-hvd-run`` tells its ranks what its own stdout
+    is in ``$ELASTIC_HVD_STDOUT_TTY``."""
+    told = os.environ.get("ELASTIC_HVD_STDOUT_TTY")
+    return sys.stdout.isatty() if told is None else told == "1"
