@@ -194,8 +194,9 @@ class ElasticCheckpoint(tf.keras.callbacks.Callback):
     def _read(self, model, entry):
         name = entry.get("state")
         if name not in entry["files"]:
-            raise ValueError(f"{self.meta_path}: checkpoint {entry.get('name')!r} names no "
-                             f"state file among its files ({name!r})")
+            raise ValueError(f"{self.meta_path}: the checkpoint of epoch {entry.get('epoch')} "
+                             f"names no state file among its files {entry['files']} (written "
+                             "before checkpoints held the training state, or edited)")
         path = os.path.join(self.directory, name)
         state = _read_state(path)
         try:
