@@ -605,7 +605,9 @@ class ResilientComm(CollectivesMixin):
     def _differ(self, signature, signatures):
         leaving = [s == LEAVE for s in signatures]
         if not any(leaving) or all(leaving):
-            raise MismatchError(signatures)
+            # Each rank's op name is said, not compared: Horovod lets ranks name a call alike
+            # or not.
+            raise MismatchError(signatures, self.run(None, lambda c: c.allgather(self.label)))
         if signature == LEAVE:
             raise LeftEarly(sum(leaving), len(signatures))
 

@@ -49,12 +49,95 @@ class RanksBelowMinimumError(ElasticHvdError):
 
 
 class MismatchError(ElasticHvdError, ValueError):
-    """Ranks called a collective with different shapes, dtypes, ops or roots."""
+    """Ranks called a collective with different shapes, dtypes, ops or roots.
 
-    def __init__(self, signatures):
-        self.signatures = signatures
-        lines = "\n".join(f"  rank {r}: {s}" for r, s in enumerate(signatures))
-        super().__init__("ranks disagree on the collective they called:\n" + lines)
+    ``signatures``: each rank's call, in rank order (see :data:`SIGNATURE_FIELDS`);
+    ``names``: the name each rank gave its op (``name=``, "" for none), which is said
+    but not compared: Horovod does not require ranks to name a collective alike.
+    """
+
+    def __init__(self, signatures, names=None):
+        self.signatures = list(signatures)
+        # (a rank lost while the names were gathered leaves them unmatched: none then)
+        self.names = list(names) if names is not None and len(names) == len(self.signatures) \
+            else [""] * len(self.signatures)
+        calls = [_labelled(s) for s in self.signatures]
+        if len({s[0] for s in self.signatures}) > 1:
+            differ = ["the collective"]
+        else:
+            differ = [f for f in calls[0] if len({c.get(f) for c in calls}) > 1]
+        lines = "\n".join(
+            f"  rank {r}: {describe_call(s, n, differ)}"
+            for r, (s, n) in enumerate(zip(self.signatures, self.names)))
+        super().__init__(f"ranks disagree on the collective they called (they differ in: "
+                         f"{', '.join(differ)}):\n{lines}")
+
+
+#: What a collective's signature holds after its kind (the tuples built in
+#: ``collectives.py``), so that a mismatch names each part.
+SIGNATURE_FIELDS = {
+    "allreduce": ("dtype", "shape", "op", "prescale_factor", "postscale_factor",
+                  "allreduce_piece_bytes"),
+    "allgather": ("dtype", "shape[1:]"),
+    "broadcast": ("dtype", "shape", "root_rank"),
+    "alltoall": ("dtype", "shape[1:]", "splits"),
+    "reducescatter": ("dtype", "shape", "op", "prescale_factor", "postscale_factor"),
+    "broadcast_object": ("root_rank",),
+}
+#: Parts said only where ranks differ in them.
+_QUIET = ("prescale_factor", "postscale_factor", "allreduce_piece_bytes")
+
+
+def describe_call(signature, name="", show=()):
+    """One rank's call with its parts labelled, its real shapes and dtype names, e.g.
+    ``allreduce name='loss' dtype=float32 shape=(2, 3) op=Average``; the parts in
+    :data:`_QUIET` only when named in ``show``."""
+    parts = [signature[0]] + ([f"name={name!r}"] if name else [])
+    parts += [f"{field}={text}" for field, text in _labelled(signature).items()
+              if field not in _QUIET or field in show]
+    return " ".join(parts)
+
+
+def _labelled(signature):
+    """``{part: text}`` of a signature (after its kind)."""
+    names, rest = SIGNATURE_FIELDS.get(signature[0], ()), signature[1:]
+    if len(names) != len(rest):  # a kind this table does not know: numbered parts
+        return {f"part{i + 1}": repr(value) for i, value in enumerate(rest)}
+    fields = dict(zip(names, rest))
+    texts = {}
+    for field, value in fields.items():
+        if field == "dtype":
+            texts[field] = _dtype_name(value)
+        elif field == "op":
+            from .ops import ReduceOp  # ops imports this module
+            texts[field] = ReduceOp(value).name.title()
+        elif field == "splits":
+            texts[field] = "none" if value else "given"
+        elif field == "shape" and value and not isinstance(value[0], int):
+            # Tensors fused into one buffer: their shapes, and their dtype when it is
+            # not the buffer's (bfloat16 is reduced in float32).
+            packed = [d for d in value if isinstance(d, str)]
+            if packed:
+                texts["dtype"] = f"{packed[0]} (reduced as {texts['dtype']})"
+            texts[field] = _shapes([tuple(s) for s in value if not isinstance(s, str)])
+        else:
+            texts[field] = repr(value)
+    return texts
+
+
+def _shapes(shapes):
+    if len(shapes) == 1:
+        return str(shapes[0])
+    listed = ", ".join(map(str, shapes[:4]))
+    return f"[{listed}{f', ... ({len(shapes)} tensors)' if len(shapes) > 4 else ''}]"
+
+
+def _dtype_name(text):
+    import numpy as np  # the core's errors are imported before anything needs numpy
+    try:
+        return np.dtype(text).name
+    except TypeError:
+        return str(text)
 
 
 class RemoteCollectiveError(ElasticHvdError):

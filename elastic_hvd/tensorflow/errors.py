@@ -39,8 +39,8 @@ class MismatchError(errors.MismatchError, tf.errors.FailedPreconditionError):
     """Ranks called a collective with different shapes, dtypes, ops or roots
     (Horovod raises ``tf.errors.FailedPreconditionError``)."""
 
-    def __init__(self, signatures):
-        errors.MismatchError.__init__(self, signatures)
+    def __init__(self, signatures, names=None):
+        errors.MismatchError.__init__(self, signatures, names)
         _init_tensorflow_side(self, tf.errors.FailedPreconditionError)
 
 
@@ -72,7 +72,7 @@ def for_tensorflow(exc):
     """``exc``, raised by a collective, as the class Horovod's TF op raises (still an
     instance of its own class); other errors as they are."""
     if isinstance(exc, errors.MismatchError):
-        return MismatchError(exc.signatures)
+        return MismatchError(exc.signatures, exc.names)
     if isinstance(exc, errors.RemoteCollectiveError):
         return RemoteInvalidArgumentError(str(exc), exc.error_types) \
             if _bad_argument(exc.error_types) else exc
