@@ -125,11 +125,10 @@ class Invitation:
         while not self._stop.wait(self.WATCH_PERIOD):
             try:
                 self.merged.Iprobe(0, _READY)  # never matches; fails once revoked
-            except MPI.Exception as exc:
+            except MPI.Exception:
                 if self._stop.is_set():  # join() took the communicator over
                     return
-                print(_leaving_line(_GIVEN_UP.format(exc.Get_error_string())),
-                      file=sys.stderr, flush=True)
+                print(_leaving_line(_GIVEN_UP), file=sys.stderr, flush=True)
                 ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(main.ident),
                                                            ctypes.py_object(JoinAbandoned))
                 return
@@ -342,7 +341,7 @@ class Growth:
         except MPI.Exception as exc:
             broken = [c for c in (adopted, merged) if c is not None]
             if port is None:
-                leave_unjoined(_GIVEN_UP.format(exc.Get_error_string()), *broken)
+                leave_unjoined(_GIVEN_UP, *broken)
             print(f"elastic_hvd: {_SPARE} waits again: an adoption broke off "
                   f"({exc.Get_error_string()})", file=sys.stderr, flush=True)
             for c in broken:
@@ -387,8 +386,8 @@ def _minimum(MPI, comm, value):
     return int(buffer[0])
 
 
-_GIVEN_UP = ("the running job gave it up before adopting it (its ranks changed, or training "
-             "ended first; {})")
+_GIVEN_UP = ("the running job gave it up before adopting it: training ended first, or the "
+             "job's ranks changed while it started (another process is started for them then)")
 _SPAWNED = "spawned to join the running job"
 _SPARE = "a hot spare"
 _leaving = threading.Lock()
