@@ -15,7 +15,11 @@ def init(comm=None, process_sets=None, min_np=None):
     if process_sets not in (None, [], ()):
         raise NotImplementedError(f"hvd.init(process_sets=...): {NO_PROCESS_SETS}")
     first = not runtime.is_initialized()
-    started = runtime.init(comm, min_np=min_np)
+    started = runtime.init(comm, min_np=min_np,
+                           has_growth_point=growth_policy.main_has_growth_point)
+    if started.replacing is not None:  # a hot spare that runs the script as a lost rank
+        from .tensorflow.keras import replacement
+        replacement.install()
     if first:
         growth_policy.warn_if_cannot_grow(runtime.session(), started)
     return started

@@ -6,6 +6,7 @@ grow -- replace lost ranks, fill slots a discovery script or hostfile reports --
 is a policy above it, which talks to the communicator through those calls only.
 """
 
+import ast
 import socket
 import subprocess
 import sys
@@ -154,6 +155,49 @@ class GrowthPolicy:
         self._thread.start()
 
 
+#: Names of the elastic Keras API: a script that uses one adopts joiners at its steps.
+_GROWTH_NAMES = frozenset(("ElasticData", "fit_elastic", "ElasticGrowth"))
+
+
+def main_has_growth_point():
+    """Whether the main script trains with a growth point (hvd.fit, ElasticData,
+    fit_elastic/ElasticGrowth, hvd.elastic.run), read from its source before it runs.
+
+    Why read the source: a hot spare must know in ``init()`` whether to wait there
+    (a plain script shards its data by ``hvd.rank()`` right after) or to run on to
+    the growth point; nothing the script has done by then tells.
+    ``ELASTIC_HVD_SPARES_WAIT`` overrides it."""
+    path = getattr(sys.modules.get("__main__"), "__file__", None)
+    try:
+        with open(path) as f:
+            return has_growth_point(ast.parse(f.read()))
+    except (OSError, TypeError, SyntaxError, ValueError):
+        return False
+
+
+def has_growth_point(tree):
+    """Whether the module ``tree`` (an ``ast.Module``) uses the elastic training API."""
+    ours = ("elastic_hvd", "horovod")
+    aliases = set()  # names bound to our (or Horovod's) modules
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            aliases |= {a.asname or a.name.split(".")[0] for a in node.names
+                        if a.name.split(".")[0] in ours}
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in ours:
+            aliases |= {a.asname or a.name for a in node.names}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and node.id in _GROWTH_NAMES:
+            return True
+        if isinstance(node, ast.Attribute):
+            value = node.value
+            if (node.attr in _GROWTH_NAMES
+                    or (node.attr == "run" and (getattr(value, "attr", None) == "elastic"
+                                                or getattr(value, "id", None) == "elastic"))
+                    or (node.attr == "fit" and getattr(value, "id", None) in aliases)):
+                return True
+    return "fit" in aliases  # from elastic_hvd.tensorflow.keras import fit
+
+
 CANNOT_GROW_WARNING = (
     "elastic_hvd: WARNING: the job was asked to grow ({what}), but this script has no growth "
     "point: lost ranks will not be replaced and no ranks added. Train with "
@@ -170,6 +214,8 @@ def warn_if_cannot_grow(session, comm):
 
     def check(_ids):
         session.commits.remove(check)
+        if policy.spares and comm.spares_in_place and not (policy.respawn or policy.max_np):
+            return  # spares wait in init() and take the lost ranks' numbers
         if not GrowthPolicy.growth_point and comm.rank == 0 and not comm.joining:
             what = ("--respawn" if policy.respawn else "--spares" if policy.spares
                     else f"--max-np {policy.max_np}")

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from mpijob import job_ranks
+from mpijob import assert_same_weights_every_step, job_ranks, run_job
 from test_growth import grow
 
 pytestmark = pytest.mark.multirank
@@ -97,3 +97,37 @@ def test_no_loss_releases_the_spares(tmp_path):
     assert job.returncode == 0 and history == [] and ids == [0, 1, 2]
     assert job.output.count("a hot spare, exits without joining: training ended without "
                             "needing it") == 2
+
+
+# -- a plain Horovod-style Keras script (workers/plain_spare.py) --------------------------
+PLAIN_EPOCHS, PLAIN_STEPS = 14, 6  # 48 samples a rank, batches of 8
+
+
+def test_a_plain_horovod_script_regains_its_size_with_a_spare(tmp_path):
+    # World rank 1 is SIGKILLed from outside, mid-epoch: the spare, waiting in init(),
+    # starts the script as rank 1 (its data shard) and joins at an epoch's start in
+    # rank 1's place, with the live weights and the epoch: 4 ranks again.
+    job = run_job("plain_spare.py", PLAIN_EPOCHS, np=4, launcher=["--spares", "1"],
+                  env={"TEST_STEP_SLEEP": "0.03"}, tmp_path=tmp_path, timeout=240,
+                  watcher=kill_world_ranks((2.5, 1)))
+    results = job.results
+    assert job.returncode == 0
+    assert sorted(results) == [0, 2, 3, 4], job.output[-4000:]
+    spare = results[4]
+    assert spare["started_as"] == [1, 4]  # the lost rank's number and shard, the job's size
+    assert {tuple(r["ends_as"]) for r in results.values()} == {(0, 4), (1, 4), (2, 4), (3, 4)}
+    assert spare["ends_as"] == [1, 4]  # in the lost rank's place in the rank order
+    for r in results.values():
+        assert [(e["lost"], e["gained"]) for e in r["events"]] == [([1], []), ([], [4])]
+    assert_same_weights_every_step(tmp_path / "out")
+    assert len({r["digest"] for r in results.values()}) == 1
+    assert [r["lr"] for r in results.values()] == [pytest.approx(0.04)] * 4
+    # Independent oracle: each epoch from the replacement's first on, every starting
+    # rank number (0..3) trained its whole shard exactly once.
+    joined = spare["epochs"][0][0]
+    assert joined < PLAIN_EPOCHS - 1, "the spare joined too late to check anything"
+    for epoch in range(joined, PLAIN_EPOCHS):
+        trained = sorted((r["started_as"][0], dict(map(tuple, r["epochs"])).get(epoch))
+                         for r in results.values())
+        assert trained == [(s, PLAIN_STEPS) for s in range(4)], (epoch, trained)
+    assert "no growth point" not in job.output

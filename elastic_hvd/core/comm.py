@@ -70,7 +70,7 @@ class ResilientComm(CollectivesMixin):
     """
 
     def __init__(self, MPI, comm, *, min_np=1, mismatch_timeout=5.0, elastic=True,
-                 heartbeat=None, invitation=None, pool=()):
+                 heartbeat=None, invitation=None, pool=(), spares_in_place=False):
         self.MPI = MPI
         self._failure_classes = (MPI.ERR_PROC_FAILED, MPI.ERR_PROC_FAILED_PENDING,
                                  MPI.ERR_REVOKED)
@@ -103,7 +103,7 @@ class ResilientComm(CollectivesMixin):
         else:
             with self._in_mpi():
                 self._start(comm)
-        self._growth = Growth(self, invitation, pool)
+        self._growth = Growth(self, invitation, pool, spares_in_place)
         if self.size < self.min_np:
             raise RanksBelowMinimumError(self.size, self.min_np, ())
 
@@ -398,6 +398,32 @@ class ResilientComm(CollectivesMixin):
         :meth:`.growth.Growth.adopt_spare`."""
         with self._in_mpi():
             return self._growth.adopt_spare(avoid_hosts)
+
+    @property
+    def spares_in_place(self):
+        """True when this job's spares take a lost rank's number (a plain script's
+        spares wait in ``init()``, see :mod:`.spares`)."""
+        return self._growth.in_place
+
+    @property
+    def replacing(self):
+        """In a spare that was given a lost rank's number, until it joins: that number."""
+        return self._growth.replacing
+
+    def vacant_slots(self):
+        """Rank numbers of the starting ranks that no live rank holds (in-place spares)."""
+        return self._growth.vacant_slots()
+
+    def await_claim(self):
+        """In a spare of an in-place job, in ``init()``: wait (beating, outside MPI's
+        collectives) until rank 0 gives it a lost rank's number; from then on it
+        reports that rank and the job's starting size."""
+        self._waiting = self._growth.await_claim()
+
+    def claim_spares(self):
+        """After each commit: rank 0 gives vacant rank numbers to waiting spares.
+        See :meth:`.growth.Growth.claim_spares`."""
+        self._growth.claim_spares()
 
     @property
     def spares_left(self):

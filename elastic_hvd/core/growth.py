@@ -60,8 +60,9 @@ class _Pending:
     """A spawn whose joiners have not been adopted yet (running ranks' side): the
     merged communicator and, on its rank 0, one receive per joiner's ready message."""
 
-    def __init__(self, merged, count, events, started):
+    def __init__(self, merged, count, events, started, slot=None):
         self.merged, self.count, self.events, self.started = merged, count, events, started
+        self.slot = slot  # the rank number a spare of a plain script takes, else None
         self.spawn_s = time.perf_counter() - started
         joiners = range(merged.size - count, merged.size) if merged.rank == 0 else ()
         self._buffers = [np.empty(1, dtype=np.int8) for _ in joiners]
@@ -162,11 +163,16 @@ class Growth:
     (see :mod:`elastic_hvd.runner.join`); in a hot spare, its
     :class:`.spares.SpareInvitation`.  The process is a *joiner* until :meth:`join`.
     ``pool``: the spares not adopted yet, ``[(world rank, host)]`` (see :mod:`.spares`),
-    the same on every rank.
+    the same on every rank.  ``in_place``: the job's spares take a lost rank's number
+    (its *slot*: the rank a plain script believes it has, see :mod:`.spares`).
     """
 
-    def __init__(self, comm, invitation=None, pool=()):
+    def __init__(self, comm, invitation=None, pool=(), in_place=False):
         self.comm = comm
+        self.in_place = in_place
+        #: Original id -> slot, the same on every rank (a joiner gets it in the book).
+        self.slots = {} if invitation is not None else {i: i for i in range(comm.initial_size)}
+        self._claims = {}  # rank 0 of an in-place job: spare's world rank -> (slot, send)
         self._pending = None
         self._invitation = invitation
         self.spawns = 0  # spawns this job made (counted alike on every rank; joiners are told)
@@ -174,12 +180,22 @@ class Growth:
         self.pool = list(pool)
         #: A process of mpirun's own job (a spawned one has a world of its own).
         self.in_world = not isinstance(invitation, Invitation)
-        self._ready_spares = set()  # spares that told this rank they are ready
+        self._ready_spares = {}  # spares that told this rank they are ready -> slot (-1: none)
 
     @property
     def joining(self):
         """True in a spawned process until it has joined."""
         return self._invitation is not None
+
+    @property
+    def replacing(self):
+        """In a claimed spare of an in-place job until it joins: the slot it takes."""
+        return getattr(self._invitation, "slot", None)
+
+    def vacant_slots(self):
+        """Slots of the starting ranks that no live rank holds (in-place jobs)."""
+        taken = {self.slots.get(i, i) for i in self.comm.ids}
+        return sorted(set(range(self.comm.initial_size)) - taken)
 
     @property
     def pending(self):
@@ -201,14 +217,14 @@ class Growth:
         call = SpawnCall(self.comm, count, hosts, oversubscribe, faults.for_joiner(self.spawns))
         return self._start_join(call, count, started, events, f"spawning {count} process(es)")
 
-    def _start_join(self, call, count, started, events, what):
+    def _start_join(self, call, count, started, events, what, slot=None):
         """Wait for ``call`` (a :class:`.spawn.MergeCall`) and agree on its outcome:
         True with the join pending, or False with its communicators revoked."""
         comm = self.comm
         merged, error = call.result(spawn_timeout())
         # Done on every rank, and nobody lost meanwhile (``merged`` would hold the dead)?
         if comm.agree(1 if merged is not None else 0) == 1 and len(comm.events) == events:
-            self._pending = _Pending(merged, count, events, started)
+            self._pending = _Pending(merged, count, events, started, slot)
             return True
         if merged is not None:
             comm.revoke(merged)  # the joiners waiting on it give up
@@ -223,37 +239,77 @@ class Growth:
         its way (a join is pending, as after :meth:`spawn`).  The pool loses the
         spares any rank knows to have failed; the spare chosen is the first ready one
         on a host not in ``avoid_hosts`` (a lost rank's host: its loss may take the
-        host's spares too), else the first ready one.  See :mod:`.spares`."""
+        host's spares too), else the first ready one -- in an in-place job, the ready
+        claimed spare of the lowest vacant slot.  See :mod:`.spares`."""
         if self._pending is not None or not self.pool:
             return False
         comm, MPI = self.comm, self.comm.MPI
         started, events = time.perf_counter(), len(comm.events)
         mine = (-1, [], [])
         if self.in_world:
-            while (message := spares.receive(MPI, MPI.COMM_WORLD, spares.READY)) is not None:
-                self._ready_spares.add(message[0])  # a dead one is in ``failed`` below
+            while (message := spares.receive(MPI, MPI.COMM_WORLD, spares.READY, 4)) is not None:
+                if message[1] is not None:  # a dead one is in ``failed`` below
+                    self._ready_spares[message[0]] = int(np.frombuffer(message[1], np.int32)[0])
             failed = spares.failed_world_ranks(MPI)
-            mine = (MPI.COMM_WORLD.rank, sorted(self._ready_spares),
+            mine = (MPI.COMM_WORLD.rank, sorted(self._ready_spares.items()),
                     sorted(w for w, _ in self.pool if w in failed))
         with comm.folded(JOIN_LABEL):
             everyone = comm.allgather_object(mine)
         if len(comm.events) != events:
             return False
         failed = {w for _, _, dead in everyone for w in dead}
-        ready = {w for _, known, _ in everyone for w in known}
+        ready = {w: slot for _, known, _ in everyone for w, slot in known}
         self.pool = [(w, host) for w, host in self.pool if w not in failed]
-        candidates = [(w, host) for w, host in self.pool if w in ready]
         worlds = [w for w, _, _ in everyone]
-        if not candidates or max(worlds) < 0:
+        if self.in_place:
+            vacant = self.vacant_slots()
+            claimed = sorted((ready[w], w) for w, _ in self.pool if ready.get(w) in vacant)
+            slot, spare = claimed[0] if claimed else (None, None)
+        else:
+            candidates = [(w, host) for w, host in self.pool if ready.get(w) == -1]
+            slot, spare = None, next((w for w, host in candidates if host not in avoid_hosts),
+                                     candidates[0][0] if candidates else None)
+        if spare is None or max(worlds) < 0:
             return False
-        spare = next((w for w, host in candidates if host not in avoid_hosts), candidates[0][0])
         root = worlds.index(min(w for w in worlds if w >= 0))
         call = spares.AdoptCall(comm, root, spare)
         if not self._start_join(call, 1, started, events,
-                                f"adopting the spare (world rank {spare})"):
+                                f"adopting the spare (world rank {spare})", slot):
             return False
         self.pool = [(w, host) for w, host in self.pool if w != spare]
         return True
+
+    def claim_spares(self):
+        """Rank 0 of an in-place job, after each commit (local, no collective): give
+        each vacant slot to a waiting spare (a :data:`.spares.CLAIM`), one preferably
+        on another host than the slot's last holder; again if a claimed spare died
+        before it was adopted.  The spare then starts the script as that rank (see
+        :mod:`.spares`) and is adopted when ready (:meth:`adopt_spare`)."""
+        comm = self.comm
+        if not (self.in_place and self.in_world and self.pool) or self.joining or comm.rank != 0:
+            return
+        vacant = self.vacant_slots()
+        if not vacant:  # the usual case: a few set operations per step
+            self._claims.clear()
+            return
+        failed = spares.failed_world_ranks(comm.MPI)
+        pool = {w: host for w, host in self.pool if w not in failed}
+        self._claims = {w: c for w, c in self._claims.items() if w in pool and c[0] in vacant}
+        claimed = {slot for slot, _ in self._claims.values()}
+        free = [(w, host) for w, host in pool.items() if w not in self._claims]
+        for slot in vacant:
+            if slot in claimed or not free:
+                continue
+            last = [i for i, s in self.slots.items() if s == slot]
+            lost_host = comm.host_of(max(last)) if last else None
+            spare, host = next((p for p in free if p[1] != lost_host), free[0])
+            free.remove((spare, host))
+            send = spares.claim(comm.MPI, spare, slot, comm.initial_size)
+            if send is not None:
+                self._claims[spare] = (slot, send)
+                print(f"elastic_hvd: a hot spare (world rank {spare}, {host}) starts the script "
+                      f"as rank {slot}, which was lost; it joins at the next epoch's start "
+                      "once ready", file=sys.stderr, flush=True)
 
     def release_spares(self):
         """At the job's end: the spares not adopted may go (world processes tell them)."""
@@ -278,9 +334,11 @@ class Growth:
             return None
         # Commit: a fresh communicator that the joiners also create.  Until it
         # exists a joiner may still be told to go (a revoked merged communicator).
+        # A spare that takes a slot gets that place in the rank order (ranks by slot).
         adopted = None
         try:
-            adopted = pending.merged.Dup()
+            adopted = (pending.merged.Dup() if pending.slot is None else
+                       pending.merged.Split(0, self.slots.get(comm.original_id, comm.original_id)))
             adopted.Set_errhandler(MPI.ERRORS_RETURN)
         except MPI.Exception:
             pass
@@ -294,9 +352,13 @@ class Growth:
         old_ids = list(comm.ids)
         new_ids = list(range(self.next_id, self.next_id + pending.count))
         self.next_id += pending.count
+        ids = old_ids + new_ids
+        if pending.slot is not None:  # MPI_Comm_split's order: by key, then by merged rank
+            self.slots[new_ids[0]] = pending.slot
+            ids = sorted(ids, key=lambda i: (self.slots.get(i, i), ids.index(i)))
         comm.retire(pending.merged)
-        comm.replace(adopted, old_ids + new_ids)
-        book = {"comm": comm.book(), "ids": old_ids + new_ids, "old": old_ids,
+        comm.replace(adopted, ids)
+        book = {"comm": comm.book(), "ids": ids, "old": old_ids, "slots": self.slots,
                 "next_id": self.next_id, "spawns": self.spawns, "pool": self.pool}
         try:  # a plain broadcast: a joiner must never wait in an agreement for ranks
             adopted.bcast(book, root=0)  # that might still send it away (see join())
@@ -322,6 +384,10 @@ class Growth:
             return None
         return self._invitation.wait(lambda why: leave_unjoined(why, who=_SPARE))
 
+    def await_claim(self):
+        """In a spare of an in-place job: ``(slot, size)`` once rank 0 claims it."""
+        return self._invitation.await_claim(lambda why: leave_unjoined(why, who=_SPARE))
+
     def join(self, port=None):
         """Joiner side: meet the running job and take over its bookkeeping; returns
         the growth event.  If the job gave up on this process (its ranks changed, or
@@ -335,7 +401,8 @@ class Growth:
         try:
             merged = self._invitation.accept() if port is None else self._invitation.connect(port)
             merged.Send(np.ones(1, dtype=np.int8), dest=0, tag=_READY)
-            adopted = merged.Dup()  # "adopted": the ranks committed to this join
+            slot = self.replacing  # "adopted": the ranks committed to this join
+            adopted = merged.Dup() if slot is None else merged.Split(0, slot)
             adopted.Set_errhandler(MPI.ERRORS_RETURN)
             book = adopted.bcast(None, root=0)
         except MPI.Exception as exc:
@@ -352,6 +419,7 @@ class Growth:
         comm.replace(adopted, book["ids"])  # retires the merged communicator
         comm.load_book(book["comm"])
         self.next_id, self.spawns, self.pool = book["next_id"], book["spawns"], book["pool"]
+        self.slots = book["slots"]
         faults.configure(comm.original_id)  # ELASTIC_HVD_FAULTS may name the new id
         comm.settle(adopted)
         return self._welcome(book["old"], started, 0.0)

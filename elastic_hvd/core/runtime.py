@@ -40,7 +40,8 @@ def set_parent(MPI, merged):
     _invitation = Invitation(MPI, merged)
 
 
-def init(comm=None, *, min_np=None, mismatch_timeout=None, stall_timeout=None):
+def init(comm=None, *, min_np=None, mismatch_timeout=None, stall_timeout=None,
+         has_growth_point=None):
     """Create the resilient communicator (idempotent).
 
     ``comm``: an mpi4py communicator, or a list of ``COMM_WORLD`` ranks (as Horovod
@@ -51,6 +52,10 @@ def init(comm=None, *, min_np=None, mismatch_timeout=None, stall_timeout=None):
     ``stall_timeout`` (``$ELASTIC_HVD_STALL_TIMEOUT``, 0 = off): a rank that makes
     no progress (no collective, no ``heartbeat.progress()``) for that long while
     others wait for it kills itself (see :mod:`.heartbeat`).
+    ``has_growth_point``: a callable telling whether the program adopts joiners at
+    step boundaries (hvd.fit, hvd.elastic.run...); with ``ELASTIC_HVD_SPARES_WAIT=auto``
+    hot spares of a program without one wait in ``init()`` and take a lost rank's
+    number (see :mod:`.spares`).  None: the program drives growth itself.
     """
     global _current, _session, _invitation
     if _current is not None:
@@ -84,12 +89,15 @@ def init(comm=None, *, min_np=None, mismatch_timeout=None, stall_timeout=None):
         why = ("launched without --with-ft ulfm" if not ft_enabled()
                else "this MPI library has no ULFM support")
         print(NOT_ELASTIC_WARNING.format(why=why), file=sys.stderr, flush=True)
-    pool = ()
+    pool, in_place = (), False
     if settings.spares and _invitation is None:
         if not elastic or comm is not None:
             raise ValueError(f"ELASTIC_HVD_SPARES={settings.spares}: hot spares need fault "
                              "tolerance (--with-ft ulfm) and init() on the whole world")
         base, pool, trainers = split_world(MPI, settings.spares)
+        in_place = settings.spares_wait == "init" or (
+            settings.spares_wait == "auto" and has_growth_point is not None
+            and not has_growth_point())
         if base is None:  # this process is a spare: it joins when adopted
             _invitation = SpareInvitation(MPI, trainers)
             base = MPI.COMM_SELF
@@ -101,7 +109,8 @@ def init(comm=None, *, min_np=None, mismatch_timeout=None, stall_timeout=None):
         min_np=settings.min_np if min_np is None else int(min_np),
         mismatch_timeout=(settings.mismatch_timeout if mismatch_timeout is None
                           else mismatch_timeout),
-        elastic=elastic, heartbeat=heartbeat, invitation=_invitation, pool=pool)
+        elastic=elastic, heartbeat=heartbeat, invitation=_invitation, pool=pool,
+        spares_in_place=in_place)
     _invitation = None  # taken: its communicator becomes the live one when this process joins
     if _on_strict_abort is not None and _current.anomalies.strict:  # told before MPI_Abort
         _current.anomalies.listeners.add(lambda _entry: _on_strict_abort(ANOMALY_EXIT_STATUS))
@@ -112,6 +121,12 @@ def init(comm=None, *, min_np=None, mismatch_timeout=None, stall_timeout=None):
         faults.configure(_current.original_id)
     atexit.register(_at_exit, MPI, heartbeat)
     sys.excepthook = _crash_after(sys.excepthook)
+    if in_place:
+        if _current.joining:
+            _current.await_claim()  # returns as the lost rank it replaces
+        else:
+            started = _current
+            _session.commits.add(lambda _ids: started.claim_spares())
     return _current
 
 

@@ -19,6 +19,18 @@ for one of two messages:
   commit, the book, the live training state.
 * *release*: training ended without needing it; it exits 0.
 
+A plain Horovod-style script has no growth point (it shards its data by
+``hvd.rank()`` before anything else and trains with ``model.fit``), so there a
+spare waits *inside* ``init()`` (``ELASTIC_HVD_SPARES_WAIT``, see
+``elastic_hvd.growth_policy.spares_wait_in_init``) for a third message:
+
+* *claim* (a slot and the job's size): after a loss, rank 0 gives the lost rank's
+  number (its *slot*) to one spare (:meth:`.growth.Growth.claim_spares`, no
+  collective); ``init()`` returns with that rank and size, the script loads that
+  rank's data and builds its model while the others train on, and the Keras layer
+  joins it at the start of the next epoch (``elastic_hvd.tensorflow.keras.replacement``),
+  in the lost rank's place in the rank order.
+
 Why a port and not ``MPI_Intercomm_create`` over ``MPI_COMM_WORLD``: once a world
 rank has died, Open MPI 5.0.11's ``MPI_Intercomm_create`` with the world as its
 bridge fails with ``MPI_ERR_INTERN`` on every side (measured; connect/accept
@@ -41,8 +53,9 @@ from .spawn import MergeCall, connect_all
 
 #: Seconds between two looks for a message while a spare waits.
 POLL = 0.05
-#: Tags on MPI_COMM_WORLD: a spare's "ready", the training ranks' "adopt" and "release".
-READY, ADOPT, RELEASE = 32001, 32002, 32003
+#: Tags on MPI_COMM_WORLD: a spare's "ready" (with the slot it takes, -1 for none), the
+#: training ranks' "adopt", "release" and "claim" (slot, size).
+READY, ADOPT, RELEASE, CLAIM = 32001, 32002, 32003, 32004
 
 
 def split_world(MPI, count):
@@ -109,7 +122,18 @@ class SpareInvitation:
 
     def __init__(self, MPI, trainers):
         self.MPI, self.comm, self.initial_size = MPI, MPI.COMM_SELF, trainers
+        #: The lost rank's number this spare takes (a claimed spare), else None.
+        self.slot = None
         self._sends = None
+
+    def await_claim(self, leave):
+        """In ``init()`` of a plain script: until claimed; returns ``(slot, size)``.
+        Calls ``leave(why)`` (never returns) as :meth:`wait` does."""
+        while True:
+            claim = self._look(leave, CLAIM, 8)
+            if claim is not None:
+                self.slot, size = (int(v) for v in np.frombuffer(claim, np.int32))
+                return self.slot, size
 
     def wait(self, leave):
         """Until adopted; returns the port name to connect to.  Calls ``leave(why)``
@@ -117,20 +141,32 @@ class SpareInvitation:
         MPI, world = self.MPI, self.MPI.COMM_WORLD
         if self._sends is None:  # once: a spare stays ready after a broken adoption
             self._sends = []
-            for w in range(self.initial_size):
+            ready = np.array([-1 if self.slot is None else self.slot], np.int32)
+            for w in range(world.size):  # trainers, and spares adopted since (not waiting ones:
+                if w == world.rank:      # they never look at this tag)
+                    continue
                 try:
-                    self._sends.append(world.Isend(np.ones(1, np.int8), w, READY))
+                    self._sends.append(world.Isend(ready, w, READY))
                 except MPI.Exception:
-                    pass  # a training rank that died
+                    pass  # a rank that died
         while True:
-            if receive(MPI, world, RELEASE) is not None:
-                leave("training ended without needing it")
-            adopt = receive(MPI, world, ADOPT)
-            if adopt is not None and adopt[1] is not None:
-                return adopt[1].decode()
-            if set(range(self.initial_size)) <= failed_world_ranks(MPI):
-                leave("every training rank of the job is gone")
-            time.sleep(POLL)
+            port = self._look(leave, ADOPT, 1)
+            if port is not None:
+                return port.decode()
+
+    def _look(self, leave, tag, size):
+        """One look for a message with ``tag`` (its bytes, or None after a pause);
+        leaves when released or when no training rank is left."""
+        MPI, world = self.MPI, self.MPI.COMM_WORLD
+        if receive(MPI, world, RELEASE) is not None:
+            leave("training ended without needing it")
+        message = receive(MPI, world, tag, size)
+        if message is not None and message[1] is not None:
+            return message[1]
+        if set(range(self.initial_size)) <= failed_world_ranks(MPI):
+            leave("every training rank of the job is gone")
+        time.sleep(POLL)
+        return None
 
     def connect(self, port):
         """The communicator merged with the training ranks that adopt this spare."""
@@ -180,6 +216,17 @@ class AdoptCall(MergeCall):
         finally:
             if self._port is not None:
                 self._owner.MPI.Close_port(self._port)
+
+
+def claim(MPI, spare, slot, size):
+    """Give the lost rank's number ``slot`` of a job of ``size`` ranks to the waiting
+    spare of world rank ``spare`` (a plain script's spare, waiting in ``init()``):
+    the send's request (it keeps its buffer), or None if the spare is known dead.
+    Never waits for the spare."""
+    try:
+        return MPI.COMM_WORLD.Isend(np.array([slot, size], np.int32), spare, CLAIM)
+    except MPI.Exception:
+        return None
 
 
 def release(MPI, pool, deadline=1.0):

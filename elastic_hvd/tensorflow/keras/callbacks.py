@@ -10,6 +10,7 @@ import tensorflow as tf
 
 from ...core import ReduceOp, runtime
 from .. import broadcast_variables
+from . import replacement
 from ..optimizer_state import (get_lr, momentum_correct, momentum_restore,
                                optimizer_variables, set_lr)
 from ...common.util import is_version_greater_equal_than  # noqa: F401 (Horovod's module has it)
@@ -33,6 +34,7 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         self.root_rank = root_rank
         self.local_variables = {id(v) for v in local_variables or []}
         self.broadcast_done = False
+        self.joined_at = None  # the epoch at whose start this process replaced a lost rank
 
     def register_local_var(self, var):
         """Leave ``var`` out of the broadcast: it is this rank's own."""
@@ -54,6 +56,11 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         if not self.broadcast_done:
             self._broadcast()
             self.broadcast_done = True
+
+    def on_epoch_begin(self, epoch, logs=None):
+        """Where a plain script's hot spare is adopted (see :mod:`.replacement`)."""
+        if self.joined_at != epoch:
+            replacement.adopt_at_epoch_start(self.model, epoch)
 
 
 class MetricAverageCallback(keras.callbacks.Callback):

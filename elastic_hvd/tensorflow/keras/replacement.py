@@ -1,0 +1,106 @@
+"""Hot spares for plain Horovod-style Keras scripts: a spare becomes the rank that was lost.
+
+A plain script (``hvd.init()``, data sharded by ``hvd.rank()``, ``model.fit`` with
+``DistributedOptimizer`` and ``BroadcastGlobalVariablesCallback``) has no point where
+a process could join mid-epoch: the new one's ``fit`` would start at epoch 0 with
+its own data order.  So its spares wait in ``init()`` (see ``elastic_hvd.core.spares``);
+after a loss, one is given the lost rank's number and the job's size, runs the
+script as that rank (its data shard, its model) while the others train on, and:
+
+* in the spare, the first ``model.fit`` (:func:`install`) runs one step alone to
+  compile (nothing it computes survives), joins, receives the live training state
+  (weights, optimizer, epoch) and trains from that epoch (``initial_epoch``);
+* in the others, ``BroadcastGlobalVariablesCallback`` at each epoch's start
+  (:func:`adopt_at_epoch_start`) adopts a ready spare and sends it the state.
+
+Nobody waits for the spare's start-up; the lost rank's shard goes untrained from
+the loss to the next epoch's start, and from then on is trained as before.
+"""
+
+import inspect
+import sys
+import time
+
+import tensorflow as tf
+
+from ...core import runtime
+from ..training_state import TrainingState
+
+#: Looks for a spare's readiness at one epoch start (agreed; the spare is ready
+#: within milliseconds of being adopted), and the pause between two.
+POLLS, PAUSE = 100, 0.02
+
+
+def install():
+    """In a spare given a lost rank's number: make the next ``model.fit`` join first."""
+    model_class = tf.keras.Model
+    original = model_class.fit
+
+    def fit(model, *args, **kwargs):
+        model_class.fit = original  # once
+        return _fit_as_replacement(model, original, args, kwargs)
+
+    model_class.fit = fit
+
+
+def _fit_as_replacement(model, original, args, kwargs):
+    comm = runtime.current("model.fit")
+    bound = inspect.signature(original).bind(model, *args, **kwargs).arguments
+    bound.update(bound.pop("kwargs", {}))
+    _rehearse(model, original, bound, comm)
+    event = comm.join()
+    state = comm.broadcast_object(None, root_rank=state_root(comm, event))
+    epoch = TrainingState(model).load_state(state)
+    for callback in bound.get("callbacks") or ():
+        if hasattr(callback, "joined_at"):  # a BroadcastGlobalVariablesCallback
+            callback.broadcast_done = True  # the live state is what the others have
+            callback.joined_at = epoch
+    bound["initial_epoch"] = epoch
+    del bound["self"]
+    return original(model, **bound)
+
+
+def adopt_at_epoch_start(model, epoch):
+    """Every rank of an in-place job, at an epoch's start (collective): adopt a spare
+    that is ready to take a vacant rank number and hand it the live state."""
+    comm = runtime.current("BroadcastGlobalVariablesCallback")
+    if not comm.spares_in_place or comm.joining:
+        return None
+    if not comm.join_pending and not (comm.vacant_slots() and comm.spares_left
+                                      and comm.adopt_spare()):
+        return None
+    for _ in range(POLLS):  # the outcome of each look is agreed: all ranks leave together
+        event = comm.poll_join()
+        if event is not None:
+            runtime.session().boundary()
+            comm.broadcast_object(TrainingState(model).state(epoch),
+                                  root_rank=state_root(comm, event))
+            return event
+        if not comm.join_pending:
+            return None
+        time.sleep(PAUSE)
+    return None  # not ready yet: the next epoch's start looks again
+
+
+def state_root(comm, event):
+    """The rank that sends the live state: the first one that did not just join (a
+    spare may have taken rank 0's place)."""
+    return next(r for r, i in enumerate(comm.ids) if i not in event.gained)
+
+
+def _rehearse(model, fit, arguments, comm):
+    """One step alone on the first batch of ``fit``'s data, to compile before joining."""
+    x, y = arguments.get("x"), arguments.get("y")
+    size = arguments.get("batch_size") or 32
+    if isinstance(x, tf.data.Dataset):
+        data = {"x": x.take(1)}
+    else:
+        data = {"x": tf.nest.map_structure(lambda a: a[:size], x), "batch_size": size}
+        if y is not None:
+            data["y"] = tf.nest.map_structure(lambda a: a[:size], y)
+    try:
+        with comm.rehearsal():
+            fit(model, **data, epochs=1, verbose=0)
+    except Exception as exc:  # only a head start: joining works without it
+        print(f"elastic_hvd: joining without a rehearsal step ({type(exc).__name__}: {exc})",
+              file=sys.stderr, flush=True)
