@@ -21,9 +21,9 @@ STEPS = 120
 
 
 def grow(tmp_path, faults, *args, launcher=("--respawn",), timeout=180, env=None, watcher=None,
-         np_=4):
+         np_=4, hosts=None):
     job = run_job("growth_scenarios.py", STEPS, *args, np=np_, faults=faults, launcher=launcher,
-                  tmp_path=tmp_path, timeout=timeout, env=env, watcher=watcher)
+                  tmp_path=tmp_path, timeout=timeout, env=env, watcher=watcher, hosts=hosts)
     results = job.results
     final_ids = results[min(results)]["ids"]
     assert sorted(results) == sorted(final_ids), job.output[-4000:]

@@ -9,6 +9,7 @@ the last ``--spares`` world ranks wait.
 
 import os
 import random
+import shutil
 import signal
 import time
 
@@ -35,9 +36,22 @@ def kill_world_ranks(*plan, processes=5):
     return watch
 
 
-def run(tmp_path, np_, spares, faults=None, watcher=None, launcher=()):
+def kill_host(host, delay, processes=6):
+    """A watcher: ``delay`` seconds after all ``processes`` are past ``init()``, SIGKILL
+    every process of the job on simulated ``host``, spares included."""
+    def watch(out, marker):
+        deadline = time.monotonic() + 60
+        while len(list(out.glob("started-*"))) < processes and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(delay + random.uniform(0, 0.05))
+        for pid in job_ranks(marker, host).values():
+            os.kill(pid, signal.SIGKILL)
+    return watch
+
+
+def run(tmp_path, np_, spares, faults=None, watcher=None, launcher=(), hosts=None):
     job, results, final_ids = grow(tmp_path, faults, launcher=["--spares", str(spares), *launcher],
-                                   watcher=watcher, np_=np_)
+                                   watcher=watcher, np_=np_, hosts=hosts)
     history = [(e["lost"], e["gained"]) for e in results[final_ids[0]]["events"]]
     for r in results.values():
         assert [(e["lost"], e["gained"]) for e in r["events"]] == history
@@ -90,6 +104,20 @@ def test_a_spare_killed_with_the_rank_it_would_replace(tmp_path):
     assert job.returncode == 0
     assert len(ids) == 3 and 2 not in ids
     assert history in ([([2], [])], [([2], []), ([], [4]), ([4], [])])
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not (shutil.which("unshare") and shutil.which("ip")),
+                    reason="simulated hosts need root, unshare and ip")
+def test_a_spare_on_another_host_replaces_a_rank_of_a_lost_host(tmp_path):
+    # hostA: world ranks 0, 1; hostB: 2 and the spare 3; hostC: the spare 4.  Every
+    # process on hostB is SIGKILLed from outside: its spare is lost with it, and the
+    # spare on hostC takes the lost rank's place: 3 ranks again.
+    job, results, ids, history = run(tmp_path, 3, 2, watcher=kill_host("hostB", 2.0, 5),
+                                     hosts="hostA:2,hostB:2,hostC:1")
+    assert job.returncode == 0
+    assert ids == [0, 1, 3]
+    assert history == [([2], []), ([], [3])]
+    assert results[3]["host"] == "hostC"
 
 
 def test_no_loss_releases_the_spares(tmp_path):
