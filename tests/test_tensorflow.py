@@ -154,6 +154,25 @@ def test_independent_collectives_of_a_graph_match_on_every_rank(tmp_path, mode):
             assert result["summed"] == [3.0, 3.0, 3.0], result["summed"]
 
 
+def test_tf1_runs_execute_only_the_collectives_fetched(tmp_path):
+    # A TF1 script builds broadcast_global_variables before its training op and runs
+    # the broadcast once.  A training step must not broadcast the variables again
+    # (before: chained after the broadcast, each step re-ran it), and a broadcast_ built
+    # and fetched by itself runs only itself (before: all the earlier ones too).  Two
+    # built together still follow one another, for when they are fetched together.
+    steps, broadcasts = 4, 5
+    job = run_job("tf_scenarios.py", "tf1_runs", tmp_path, steps, broadcasts, np=2,
+                  tmp_path=tmp_path, timeout=300)
+    assert sorted(job.results) == [0, 1], job.output[-3000:]
+    for result in job.results.values():
+        assert result["trained"] == {"HorovodGradients": steps}, result["trained"]
+        assert result["broadcast"] == {"HorovodBroadcastVariables": broadcasts}
+        # Rank 0's zeros, then steps of 0.1 x the gradient averaged over ranks, 1.5 x.
+        assert result["weights"] == pytest.approx([-0.1 * steps * 1.5 * x for x in (1, 2, 3, 4)])
+        assert result["values"] == [[1.0 + k] * 3 for k in range(broadcasts)]
+        assert result["together"] == {"chained": True, "values": [[1.0] * 3, [11.0] * 3]}
+
+
 def test_without_chaining_a_tf1_graph_mismatches(tmp_path):
     # The same TF1 runs with the chaining switched off (elastic_hvd before issue 13):
     # TF's executor starts the collectives in another order on each rank, and they fail.

@@ -170,7 +170,7 @@ def broadcast_variables(variables, root_rank, process_set=global_process_set, in
 
     values = _ops._numpy_op("HorovodBroadcastVariables", fn, [v.read_value() if hasattr(
         v, "read_value") else tf.convert_to_tensor(v) for v in variables],
-        [tf.as_dtype(v.dtype).base_dtype for v in variables])
+        [tf.as_dtype(v.dtype).base_dtype for v in variables], into_variables=True)
     return tf.group(*[v.assign(tf.reshape(x, v.shape)) for v, x in zip(variables, values)])
 
 

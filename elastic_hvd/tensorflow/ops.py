@@ -113,10 +113,11 @@ def raised_as_tensorflow(fn, *args):
         raise for_tensorflow(exc).with_traceback(None) from None
 
 
-def _numpy_op(name, fn, inputs, tout, collective=True):
+def _numpy_op(name, fn, inputs, tout, collective=True, into_variables=False):
     """Run ``fn`` (numpy in, numpy out) as a stateful op, traced in the timeline; in a
-    TF1 graph, a ``collective`` is ordered after the graph's earlier ones (see
-    :mod:`.ordering`)."""
+    TF1 graph, a ``collective`` is ordered after the graph's earlier ones, and none
+    after one ``into_variables`` (a broadcast whose results only go into variables),
+    see :mod:`.ordering`."""
     def call(*arrays):
         comm = _comm()
         outer, comm.label = comm.label, name
@@ -135,12 +136,17 @@ def _numpy_op(name, fn, inputs, tout, collective=True):
         return _to_tensor(result, tout)
     touts = list(tout) if many else [tout]
     chained = collective and ordering.needed()
-    previous = ordering.predecessor(inputs) if chained else None
+    if chained:
+        me = ordering.Collective(into_variables)
+        previous = me.predecessor(inputs)
+    else:
+        previous = None
 
     def call_in_graph(*arrays):
         # A mismatch comes back as the last output; its error is raised by the graph.
         try:
             if chained:
+                me.ran()
                 with ordering.lock:
                     result = call(*arrays)
             else:
@@ -155,7 +161,7 @@ def _numpy_op(name, fn, inputs, tout, collective=True):
         *outputs, failed = tf.numpy_function(call_in_graph, inputs, touts + [tf.bool],
                                              stateful=True, name=name)
     if chained:
-        ordering.record(failed.op)
+        me.record(failed.op)
     outputs = _fail_precondition(failed, outputs, name)
     return outputs if many else outputs[0]
 

@@ -27,21 +27,28 @@ order is fixed in the graph, before the executor sees it:
   ops and are not free.  Collectives fed from different placeholders or iterators
   stay unordered (fetching them in one run can still mismatch), and so do
   collectives inside ``tf.compat.v1.while_loop``.
+* except broadcasts into variables (``broadcast_variables``, and the ``broadcast_``,
+  ``broadcast_global_variables``, hook and callbacks built on it): a script runs
+  one by itself, to make the ranks' variables equal.  In the chain, every fetch of
+  a later collective would broadcast the variables again (each step of a training
+  op built after it; Horovod's successive ``broadcast_`` fetches: 48 would run 1176
+  broadcasts), and the broadcast would run an earlier training op's gradient
+  reduction.  So a broadcast into variables only follows another one, built before
+  it with no collective of the graph run in between (built together, they may be
+  fetched together); fetched in one run with other collectives, it is not ordered
+  with them.
 
-Every rank builds the same graph, so creation order -- hence the chain -- is the
-same on every rank.  Eager code runs collectives in program order.
+Every rank builds the same graph and runs the same collectives, so creation order
+-- hence the chain -- and the count of runs are the same on every rank.  Eager code
+runs collectives in program order.
 """
 
 import threading
-import weakref
 
 import tensorflow as tf
 
 #: Chain the collectives of TF1 graphs (False: leave them as TF schedules them).
 ENABLED = True
-
-#: Graph -> its collectives (py_func ops) in creation order.
-_COLLECTIVES = weakref.WeakKeyDictionary()
 
 #: Held while a graph's collective runs: unordered ones never share MPI from two threads.
 lock = threading.Lock()
@@ -83,27 +90,57 @@ def _needs(ancestors, collectives):
             and (op.type in _FEEDS or op._is_stateful)}
 
 
-def predecessor(inputs):
-    """The collective a new collective with ``inputs`` must follow, or None."""
-    graph = tf.compat.v1.get_default_graph()
-    chain = _COLLECTIVES.get(graph)
-    if not chain:
-        return None
-    mine = _ancestors([t.op for t in inputs])
-    names = {op.name for op in chain}
-    context = getattr(graph, "_get_control_flow_context", lambda: None)()
-    if context is not None:  # a TF1 cond or while_loop: edges may not cross its frame
-        return None
-    for previous in reversed(chain):
-        if previous.name in mine:
-            return None  # already ordered by data
-        if previous._control_flow_context is not None:
-            continue
-        if _needs(_ancestors([previous]), names) <= set(mine):
-            return previous
-    return None
+class _Chain:
+    """A graph's collectives in creation order, and how many times any of them ran."""
+
+    def __init__(self):
+        self.collectives, self.runs = [], 0
 
 
-def record(op):
-    """Remember ``op`` as the latest collective of its graph."""
-    _COLLECTIVES.setdefault(op.graph, []).append(op)
+class Collective:
+    """A collective being built in a TF1 graph, as the graph's chain sees it.
+
+    ``into_variables``: a broadcast into variables (see the module docstring)."""
+
+    def __init__(self, into_variables=False):
+        graph = tf.compat.v1.get_default_graph()
+        # Kept on the graph (not in a module-level map, whose entries the ops would keep
+        # alive through op.graph): it goes when the graph goes.
+        self.chain = getattr(graph, "_elastic_hvd_chain", None)
+        if self.chain is None:
+            self.chain = graph._elastic_hvd_chain = _Chain()
+        self.into_variables = into_variables
+        self.built_at = self.chain.runs
+        self.op = None
+
+    def predecessor(self, inputs):
+        """The collective this one, with ``inputs``, must follow, or None."""
+        chain = self.chain.collectives
+        if not chain:
+            return None
+        graph = tf.compat.v1.get_default_graph()
+        mine = _ancestors([t.op for t in inputs])
+        names = {c.op.name for c in chain}
+        context = getattr(graph, "_get_control_flow_context", lambda: None)()
+        if context is not None:  # a TF1 cond or while_loop: edges may not cross its frame
+            return None
+        for previous in reversed(chain):
+            if previous.op.name in mine:
+                return None  # already ordered by data
+            if previous.op._control_flow_context is not None:
+                continue
+            if previous.into_variables != self.into_variables or (
+                    self.into_variables and previous.built_at != self.chain.runs):
+                continue
+            if _needs(_ancestors([previous.op]), names) <= set(mine):
+                return previous.op
+        return None
+
+    def record(self, op):
+        """This collective is ``op`` (its py_func): the latest of its graph."""
+        self.op = op
+        self.chain.collectives.append(self)
+
+    def ran(self):
+        """Called by its kernel, each time it runs."""
+        self.chain.runs += 1

@@ -307,6 +307,59 @@ def graph_order(mode, reps="50", chain="1"):
                      collectives=len(pyfuncs))
 
 
+def tf1_runs(directory, steps="4", broadcasts="5"):
+    """The collectives that TF1 session runs execute, counted by name in the timeline
+    (one event per collective run): ``steps`` runs of a training op built after a
+    broadcast_global_variables, then ``broadcasts`` hvd.broadcast_ of a new variable,
+    each built and fetched by itself (Horovod's test_horovod_broadcast_inplace_cpu);
+    and the values they gave."""
+    r, steps, broadcasts = hvd_tf.rank(), int(steps), int(broadcasts)
+    path = os.path.join(directory, "timeline{rank}.json")
+
+    def counted(fn):
+        hvd_tf.start_timeline(path)
+        result = fn()
+        hvd_tf.stop_timeline()
+        with open(path.format(rank=r)) as f:
+            names = [event["name"] for event in json.load(f)]
+        return {name: names.count(name) for name in sorted(set(names))}, result
+
+    with tf.Graph().as_default():
+        w = tf.compat.v1.Variable(tf.fill([4, 1], float(r)))
+        bcast = hvd_tf.broadcast_global_variables(0)
+        x = tf.constant([[1.0, 2.0, 3.0, 4.0]]) * (r + 1)
+        optimizer = hvd_tf.DistributedOptimizer(tf.compat.v1.train.GradientDescentOptimizer(0.1))
+        train = optimizer.minimize(tf.reduce_sum(tf.matmul(x, w)))
+        with tf.compat.v1.Session() as session:
+            session.run(tf.compat.v1.global_variables_initializer())
+            session.run(bcast)
+            trained, _ = counted(lambda: [session.run(train) for _ in range(steps)])
+            weights = session.run(w).ravel().tolist()
+
+            def fetch_each():
+                values = []
+                for k in range(broadcasts):
+                    v = tf.compat.v1.Variable(tf.fill([3], float(r + k)))
+                    session.run(v.initializer)
+                    values.append(session.run(hvd_tf.broadcast_([v], 1))[0].tolist())
+                return values
+            broadcast, values = counted(fetch_each)
+
+            # Two broadcasts into variables of one shape, built together and fetched
+            # together: the second follows the first (unordered, a rank could take the
+            # root's values of one for the other).
+            pair = [tf.compat.v1.Variable(tf.fill([3], float(r + 10 * k))) for k in range(2)]
+            syncs = [hvd_tf.broadcast_variables([v], 1) for v in pair]
+            first, second = [op for op in tf.compat.v1.get_default_graph().get_operations()
+                             if op.type == "PyFunc"][-2:]
+            session.run([v.initializer for v in pair])
+            session.run(syncs)
+            together = {"chained": _reaches(second, first),
+                        "values": [v.tolist() for v in session.run(pair)]}
+    report.write(r, trained=trained, weights=weights, broadcast=broadcast, values=values,
+                 together=together)
+
+
 def anomaly_in_fit(directory):
     """During hvd.fit, the agreement on one gradient allreduce answers every rank with
     the previous agreement's value: the anomaly must reach the event log, the step be
