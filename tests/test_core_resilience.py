@@ -70,6 +70,21 @@ def test_broadcast_whose_root_dies(tmp_path, root):
     assert all(r["equals_lowest_survivor"] for r in job.results.values())
 
 
+def test_an_exit_raised_between_two_steps_of_a_repair_is_a_crash_not_a_hang(tmp_path):
+    # Rank 3 dies; rank 2 meets SystemExit (what a SIGTERM handler's sys.exit raises,
+    # or Ctrl-C's KeyboardInterrupt) once its shrink returned, before the survivors
+    # settle on the new communicator.  Before: rank 2 left cleanly from a point the
+    # others never reached and the job hung (100 s, 2 of 2).  Now it leaves as a crash.
+    job = run_job("core_scenarios.py", "keep_going", "8", tmp_path=tmp_path, timeout=60,
+                  faults="rank=3,coll=4;rank=2,repair=1,signal=SYSEXIT")
+    assert_uniform(job, [0, 1])
+    for r in job.results.values():
+        assert r["ids"] == [0, 1] and r["equals_survivor_sum"]
+        assert sorted(i for e in r["events"] for i in e["lost"]) == [2, 3]
+    assert "rank 2 (original 2) was interrupted by SystemExit inside a collective's protocol" \
+        in job.output
+
+
 def test_hung_rank_is_evicted(tmp_path):
     # The fast heartbeat setting (the default timeout is 10 s since heartbeats need
     # no GIL; defaults are covered in test_liveness.py).

@@ -203,15 +203,28 @@ class ResilientComm(CollectivesMixin):
     def _in_mpi(self):
         """The main thread works in MPI: the heartbeat's progress loop pauses, since
         Open MPI's agreement is not safe beside it (see :mod:`.heartbeat`), and the
-        stall watchdog counts it as progress."""
-        if self._heartbeat is None:
-            yield
-            return
-        self._heartbeat.enter()
+        stall watchdog counts it as progress.
+
+        An exception that Python raises between any two instructions -- ``SystemExit``
+        from a SIGTERM handler that calls ``sys.exit``, ``KeyboardInterrupt`` from
+        Ctrl-C -- may land between two steps of the protocol (say, after the shrink
+        of a repair and before the survivors settle on the new communicator): this
+        rank's next agreement would then meet the others' next step, not theirs
+        (measured: the job hung; in the soak an agreement met another rank's shrink
+        and returned ``0x1``).  So this rank leaves as a crash, which every survivor
+        repairs alike, instead of leaving cleanly from a point the others never reach."""
+        if self._heartbeat is not None:
+            self._heartbeat.enter()
         try:
             yield
+        except BaseException as exc:
+            if not isinstance(exc, Exception) and not self.joining:
+                _end_as_crash(f"rank {self.rank} (original {self.original_id}) was interrupted "
+                              f"by {type(exc).__name__} inside a collective's protocol")
+            raise
         finally:
-            self._heartbeat.leave()
+            if self._heartbeat is not None:
+                self._heartbeat.leave()
 
     def consistent(self, attempt):
         """Run ``attempt()`` -- several collectives -- until it completes without a
@@ -591,6 +604,7 @@ class ResilientComm(CollectivesMixin):
                                   f"original rank {self.original_id}: "
                                   f"{exc.Get_error_string()}") from exc
         new.Set_errhandler(self.MPI.ERRORS_RETURN)
+        faults.at_repair()
         self.settle(new)
         return new
 

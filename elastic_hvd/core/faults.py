@@ -9,14 +9,15 @@ list of ``key=value``::
 
 ``rank``
     original id (rank at ``init()``) of the process that fails.
-``coll`` / ``step`` / ``spawn`` / ``handover``
+``coll`` / ``step`` / ``spawn`` / ``handover`` / ``repair``
     when: at the N-th collective this process starts (1-based, counted by the core),
     when the training loop reports step N (:func:`at_step`, called by the Keras
     layer before each step), or in the N-th spawn of new processes this process
     takes part in, between the spawn and the merge (a failure *during* the repair
     that grows the job back), or as the N-th hand-over of the live training state
-    to joined processes starts on this rank (``keras_callbacks.ElasticGrowth``).
-    Exactly one of the four.
+    to joined processes starts on this rank (``keras_callbacks.ElasticGrowth``), or
+    in the N-th repair of the communicator on this rank, once its shrink returned and
+    before the survivors settle on the new communicator.  Exactly one of the five.
 ``signal``
     ``KILL`` (default), ``TERM``, ``STOP``, ``SEGV``… any ``signal.SIG*`` name, or
     ``RAISE`` to raise :class:`FaultInjected` (a Python exception in user code), or
@@ -58,6 +59,7 @@ class Fault:
     step: int = None
     spawn: int = None
     handover: int = None
+    repair: int = None
     signal: str = "KILL"
     delay: float = 0.0
     phase: str = "before"
@@ -88,6 +90,10 @@ def _signal_self(name):
     os.kill(os.getpid(), getattr(_signal, "SIG" + name))
 
 
+#: The keys that say when a fault fires (one per fault, besides ``joiner``).
+MOMENTS = ("coll", "step", "spawn", "handover", "repair")
+
+
 def parse(spec):
     """Parse a fault plan string into a list of :class:`Fault`."""
     faults = []
@@ -98,8 +104,8 @@ def parse(spec):
             if not sep:
                 raise ValueError(f"{ENV}: expected key=value, got {item!r} in {entry!r}")
             fields[key.strip()] = value.strip()
-        unknown = set(fields) - {"rank", "joiner", "coll", "step", "spawn", "handover", "signal",
-                                 "delay", "phase"}
+        unknown = set(fields) - {"rank", "joiner", "coll", "step", "spawn", "handover", "repair",
+                                 "signal", "delay", "phase"}
         if unknown:
             raise ValueError(f"{ENV}: unknown key(s) {sorted(unknown)} in {entry!r}")
         sig = fields.get("signal", "KILL").upper().removeprefix("SIG")
@@ -112,9 +118,9 @@ def parse(spec):
             continue
         if "rank" not in fields:
             raise ValueError(f"{ENV}: give rank= (or joiner=) in {entry!r}")
-        if sum(key in fields for key in ("coll", "step", "spawn", "handover")) != 1:
-            raise ValueError(f"{ENV}: give exactly one of coll=, step=, spawn= or handover= "
-                             f"in {entry!r}")
+        if sum(key in fields for key in MOMENTS) != 1:
+            raise ValueError(f"{ENV}: give exactly one of coll=, step=, spawn=, handover= or "
+                             f"repair= in {entry!r}")
         if fields.get("phase", "before") not in ("before", "after"):
             raise ValueError(f"{ENV}: phase must be before or after in {entry!r}")
         if sig not in ("RAISE", "SYSEXIT", "EXIT") and not hasattr(_signal, "SIG" + sig):
@@ -125,6 +131,7 @@ def parse(spec):
             step=int(fields["step"]) if "step" in fields else None,
             spawn=int(fields["spawn"]) if "spawn" in fields else None,
             handover=int(fields["handover"]) if "handover" in fields else None,
+            repair=int(fields["repair"]) if "repair" in fields else None,
             signal=sig, delay=float(fields.get("delay", 0.0)),
             phase=fields.get("phase", "before")))
     return faults
@@ -140,13 +147,19 @@ class FaultPlan:
         self._by_step = {f.step: f for f in mine if f.step is not None}
         self._by_spawn = {f.spawn: f for f in mine if f.spawn is not None}
         self._by_handover = {f.handover: f for f in mine if f.handover is not None}
+        self._by_repair = {f.repair: f for f in mine if f.repair is not None}
         self._by_joiner = {f.joiner: f.signal for f in faults if f.joiner is not None}
-        self._collectives = self._spawns = self._handovers = 0
+        self._collectives = self._spawns = self._handovers = self._repairs = 0
 
     def __bool__(self):
         return bool(self._by_coll or self._after_coll or self._by_step or self._by_spawn
-                    or self._by_handover
-                    or self._by_joiner)
+                    or self._by_handover or self._by_repair or self._by_joiner)
+
+    def at_repair(self):
+        self._repairs += 1
+        fault = self._by_repair.pop(self._repairs, None)
+        if fault:
+            fault.fire()
 
     def at_handover(self):
         self._handovers += 1
@@ -205,6 +218,11 @@ def at_spawn():
 def at_handover():
     if _plan:
         _plan.at_handover()
+
+
+def at_repair():
+    if _plan:
+        _plan.at_repair()
 
 
 def for_joiner(spawn_number):
