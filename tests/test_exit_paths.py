@@ -30,7 +30,7 @@ def test_uncaught_exception_is_noticed_like_a_crash(tmp_path):
     job = run_job("liveness.py", "none", -1, 0, "8", faults="rank=2,coll=4,signal=RAISE",
                   tmp_path=tmp_path, timeout=120)
     _survivors_evict_promptly(job, 2, [0, 1, 3])
-    assert "rank 2 (original 2) stops on an uncaught exception" in job.output
+    assert "elastic-hvd-run: rank 2 raised an uncaught exception and left the job" in job.output
 
 
 def test_uncaught_exception_beside_a_running_thread_is_noticed_at_once(tmp_path):

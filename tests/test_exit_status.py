@@ -18,7 +18,7 @@ pytestmark = pytest.mark.multirank
 
 #: keras_callbacks.checkpoint.EXIT_BELOW_MIN_NP (importing it here would import TensorFlow).
 EXIT_BELOW_MIN_NP = 3
-LOST = "no rank completed: all 4 ranks were lost"
+KILLED = "no rank completed: all 4 ranks were killed"
 
 # case: (worker arguments, environment, elastic-hvd-run's status, its line, plain mpirun's
 # status, original ids that report, i.e. got through the collectives).  The environment
@@ -31,7 +31,7 @@ TABLE = {
     "one_exits_7": (["one_exits", 7], {}, 7, "non-zero on 1 of the 4 ranks that finished (id 1: 7",
                     7, [0, 1, 2, 3]),
     "one_killed": (["ok"], {"ELASTIC_HVD_FAULTS": "rank=2,coll=3"}, 0, None, 0, [0, 1, 3]),
-    "all_killed": (["all_killed"], {}, 1, LOST, 0, [0, 1, 2, 3]),
+    "all_killed": (["all_killed"], {}, 1, KILLED, 0, [0, 1, 2, 3]),
     # The one rank that ended by itself left early (status 0, the others trained on): it
     # completed nothing (before: 0, no line -- seen in the soak).
     "left_then_others_lost": (["left_then_others_lost"], {}, 1,
@@ -39,11 +39,12 @@ TABLE = {
                               [0, 1, 2, 3]),
     # An uncaught exception ends a rank as a crash (a SIGKILL, so that the others notice
     # at once: runtime._crash_if_others_go_on): the others go on, and plain mpirun says
-    # what it says for killed ranks.
+    # what it says for killed ranks; elastic-hvd-run knows (the wrapper recorded it).
     "one_raises": (["ok"], {"ELASTIC_HVD_FAULTS": "rank=2,coll=3,signal=RAISE"}, 0, None, 0,
                    [0, 1, 3]),
     "all_raise": (["ok"], {"ELASTIC_HVD_FAULTS": ";".join(
-        f"rank={r},coll=3,signal=RAISE" for r in range(4))}, 1, LOST, 0, []),
+        f"rank={r},coll=3,signal=RAISE" for r in range(4))}, 1,
+        "no rank completed: all 4 ranks raised an uncaught exception", 0, []),
     "below_min_np": (["below_min", EXIT_BELOW_MIN_NP],
                      {"ELASTIC_HVD_FAULTS": "rank=2,coll=3", "ELASTIC_HVD_MIN_NP": "4"},
                      EXIT_BELOW_MIN_NP, "non-zero on 3 of the 3 ranks that finished", 3, []),
@@ -65,7 +66,9 @@ def test_elastic_hvd_run_returns_the_scripts_status(tmp_path, case):
                   timeout=90, expect_rc=None)
     assert sorted(job.results) == reporting, job.output[-3000:]
     assert job.returncode == status, job.output[-3000:]
-    printed = [text for text in job.output.splitlines() if text.startswith("elastic-hvd-run:")]
+    # Its summary: the lines besides its reports of each rank that raised (test_messages.py).
+    printed = [text for text in job.output.splitlines() if text.startswith("elastic-hvd-run:")
+               and not text.startswith(("elastic-hvd-run: rank ", "elastic-hvd-run: world rank "))]
     if line is None:
         assert printed == [], job.output[-3000:]
     else:

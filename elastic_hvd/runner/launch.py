@@ -25,7 +25,8 @@ from pathlib import Path
 from .. import state_replica
 from ..core import config
 from ..core.freshness import ANOMALY_EXIT_STATUS
-from . import relaunch
+from . import relaunch, reports
+from .console import NoiseFilter, tf_logs_wanted
 
 
 def find_mpirun():
@@ -137,9 +138,12 @@ def build_command(args, mpirun=None):
            "ELASTIC_HVD_HOSTFILE": args.max_np and args.hostfile and os.path.abspath(args.hostfile),
            "ELASTIC_HVD_DISCOVERY_INTERVAL": args.discovery_interval,
            "ELASTIC_HVD_OVERSUBSCRIBE": 1 if oversubscribe else None,
+           # A rank's stdout is a pseudo-terminal under mpirun, wherever ours goes:
+           # progress bars ask this instead (elastic_hvd.core.announce.stdout_is_terminal).
+           "ELASTIC_HVD_STDOUT_TTY": "1" if sys.stdout.isatty() else "0",
            # TF's C++ INFO lines at import (CPU features, oneDNN), times the ranks,
-           # bury the first useful line; its warnings and errors stay.
-           "TF_CPP_MIN_LOG_LEVEL": None if "TF_CPP_MIN_LOG_LEVEL" in os.environ else 1}
+           # bury the first useful line; its warnings and errors stay (see .console).
+           "TF_CPP_MIN_LOG_LEVEL": None if tf_logs_wanted(os.environ, args.env) else 1}
     for name, value in env.items():
         if value:
             cmd += ["-x", f"{name}={value}"]
@@ -185,13 +189,19 @@ LAUNCH_ATTEMPTS = 3
 
 
 def read_outcomes(status_dir):
-    """What the ranks recorded (see :mod:`.program`)."""
+    """What the processes recorded (see :mod:`.program`), each with ``"process"``
+    (``host-pid``) and, after a fatal signal, ``"crashed"`` (its name) and
+    ``"fault_stack"``."""
     outcomes = []
     for path in Path(status_dir).glob("*.json"):
         try:
-            outcomes.append(json.loads(path.read_text()))
+            outcome = json.loads(path.read_text())
         except (OSError, ValueError):  # being replaced right now: read it next time
-            pass
+            continue
+        outcome["process"] = path.stem
+        if outcome["code"] is None and not outcome.get("raised"):
+            outcome["crashed"], outcome["fault_stack"] = reports.read_fault(path)
+        outcomes.append(outcome)
     return outcomes
 
 
@@ -208,13 +218,15 @@ def strict_abort(outcomes):
     return any(o["code"] == ANOMALY_EXIT_STATUS and o.get("aborted") for o in outcomes)
 
 
-def end_when_members_done(proc, status_dir, grace, stopped):
+def end_when_members_done(proc, status_dir, grace, stopped, reporter):
     """End ``proc`` (mpirun) if it still runs ``grace`` seconds after every member
     finished.  mpirun waits for every process it started, also one the ranks
     evicted long ago -- frozen (SIGSTOP, a hung node) on a host where no rank is
-    left to fence it: only the runtime can reach it there."""
+    left to fence it: only the runtime can reach it there.  Meanwhile the
+    ``reporter`` tells of processes that raised or crashed."""
     while not stopped.wait(0.5):
         outcomes = read_outcomes(status_dir)
+        reporter.news(outcomes)
         if strict_abort(outcomes):
             # MPI_Abort in a process spawned into the job ends only its own (spawned)
             # job; strict mode means the whole job (seen in the soak).
@@ -228,19 +240,22 @@ def end_when_members_done(proc, status_dir, grace, stopped):
             if stopped.wait(grace):
                 return
             print("elastic-hvd-run: every rank of the job has finished, but mpirun still waits "
-                  "for a process the ranks evicted (frozen or hung); ending it", file=sys.stderr,
-                  flush=True)
+                  "for a process that will not end by itself (one the ranks evicted, frozen or "
+                  "hung, or a replacement still starting, given up when training ended); "
+                  "ending it", file=sys.stderr, flush=True)
             proc.terminate()
             if not stopped.wait(10):
                 proc.kill()
             return
 
 
-def run_mpirun(cmd, status_dir=None, grace=None):
-    """Run ``cmd``, passing its stderr through; returns (exit status, whether
-    mpirun itself failed to start, the host whose daemon the runtime lost or None).
-    With ``status_dir``, mpirun is ended ``grace`` seconds after every member of the
-    job finished (see end_when_members_done)."""
+def run_mpirun(cmd, status_dir=None, grace=None, reporter=None, quiet_tf=False):
+    """Run ``cmd``, passing its stderr through (without TensorFlow's start-up lines
+    if ``quiet_tf``, see :mod:`.console`); returns (exit status, whether mpirun
+    itself failed to start, the host whose daemon the runtime lost or None).  With
+    ``status_dir``, mpirun is ended ``grace`` seconds after every member of the job
+    finished (see end_when_members_done) and the ``reporter`` tells of failures."""
+    reporter = reporter or reports.Reporter()
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE)
 
     def forward(signum, _frame):
@@ -250,22 +265,33 @@ def run_mpirun(cmd, status_dir=None, grace=None):
         signal.signal(sig, forward)
     stopped = threading.Event()
     if status_dir is not None:
-        threading.Thread(target=end_when_members_done, args=(proc, status_dir, grace, stopped),
-                         daemon=True).start()
+        threading.Thread(target=end_when_members_done,
+                         args=(proc, status_dir, grace, stopped, reporter), daemon=True).start()
     tail = b""
-    out = sys.stderr.buffer
+    noise = NoiseFilter() if quiet_tf else None
+
+    def relay(data):
+        if data:
+            with reporter.lock:
+                sys.stderr.buffer.write(data)
+                sys.stderr.flush()
+
     # Until EOF -- or until mpirun has exited: a frozen daemon it started may hold the
     # pipe open for ever.
     while True:
-        if select.select([proc.stderr], [], [], 0.5)[0]:
+        pause = 0.1 if noise is not None and noise.holding else 0.5
+        if select.select([proc.stderr], [], [], pause)[0]:
             chunk = proc.stderr.read1(65536)
             if not chunk:
                 break
-            out.write(chunk)
-            out.flush()
+            relay(noise.feed(chunk) if noise is not None else chunk)
             tail = (tail + chunk)[-4096:]
+        elif noise is not None and noise.holding:
+            relay(noise.flush())
         elif proc.poll() is not None:
             break
+    if noise is not None:
+        relay(noise.flush())
     code = proc.wait()
     stopped.set()
     return code, code != 0 and any(text in tail for text in STARTUP_FAILURES), \
@@ -295,8 +321,8 @@ def exit_status(code, outcomes):
                       "'elastic_hvd: ANOMALY' line above)")
     if not ended:
         status = code or 1
-        return status, (f"exit status {status}: no rank completed: all {len(outcomes)} ranks were "
-                        f"lost (killed or crashed; mpirun exit status {code})")
+        return status, (f"exit status {status}: no rank completed: all "
+                        f"{reports.lost_words(outcomes)} (mpirun exit status {code})")
     failed = sorted((o for o in ended if o["code"]), key=lambda o: (o["id"] is None, o["id"] or 0))
     if failed:
         status = failed[0]["code"]
@@ -307,10 +333,10 @@ def exit_status(code, outcomes):
     if not completed:
         status = code or 1
         which = ", ".join(f"id {'?' if o['id'] is None else o['id']}" for o in ended)
+        lost = [o for o in outcomes if o["code"] is None]
         return status, (f"exit status {status}: no rank completed: {len(ended)} left early with "
                         f"status 0 ({which}) while the others trained on, and the other "
-                        f"{len(outcomes) - len(ended)} were all lost (killed or crashed; "
-                        f"mpirun exit status {code})")
+                        f"{reports.lost_words(lost)} (mpirun exit status {code})")
     if code:
         return 0, (f"mpirun exited with status {code} for processes lost on the way, but the "
                    f"program exited 0 on all {len(ended)} ranks that finished")
@@ -324,13 +350,16 @@ def launch(args, cmd, settings):
         cmd = [cmd[0], "-x", f"ELASTIC_HVD_STATUS_DIR={status_dir}", *cmd[1:]]
         # Members that finished exit within the finalize deadline (runtime._at_exit).
         grace = settings.finalize_deadline + 3
+        reporter = reports.Reporter()
+        quiet_tf = not tf_logs_wanted(os.environ, args.env)
         for attempt in range(1, LAUNCH_ATTEMPTS + 1):
-            code, not_started, lost = run_mpirun(cmd, status_dir, grace)
+            code, not_started, lost = run_mpirun(cmd, status_dir, grace, reporter, quiet_tf)
             if not (not_started and attempt < LAUNCH_ATTEMPTS):
                 break
             print(f"elastic-hvd-run: mpirun could not start (attempt {attempt}); launching again",
                   file=sys.stderr)
         outcomes = read_outcomes(status_dir)
+        reporter.news(outcomes)  # what the last look before the end did not see
     # The same words also come while a job that has finished shuts down (a daemon
     # gone before mpirun asked): only a job whose members did not all finish was lost.
     if lost is not None and not members_done(outcomes):

@@ -16,13 +16,22 @@ a crash when other ranks go on, see ``runtime._at_exit``) keeps ``"code": null``
 it was lost; so does a spawned process that the job gave up before adopting it
 (``growth.JoinAbandoned``): it never was one of the job's ranks.  An atexit
 handler could not do this: it does not see ``SystemExit``'s code.
+
+So that the launcher can say how a lost process ended, and report each failure
+once for the whole job instead of every rank printing at the same moment: an
+uncaught exception is recorded (``"raised"``: its last line, ``"stack"``: where,
+``"traceback"``) instead of printed, and a fatal signal (a segfault, an abort)
+makes :mod:`faulthandler` write the Python stacks to ``<host>-<pid>.fault``.
+A process with neither was killed (SIGKILL, SIGTERM, its node lost).
 """
 
+import faulthandler
 import json
 import os
 import runpy
 import socket
 import sys
+import traceback
 
 
 def run(argv):
@@ -46,13 +55,37 @@ def exit_code(code):
     return code & 0xFF if isinstance(code, int) else 1
 
 
-def _record(path, code, left=False, aborted=False):
+def _record(path, code, left=False, aborted=False, **raised):
     runtime = sys.modules.get("elastic_hvd.core.runtime")  # imported if the program used it
     comm = runtime.current() if runtime and runtime.is_initialized() else None
     with open(path + ".tmp", "w") as f:
-        json.dump({"id": comm and comm.original_id, "code": code,
-                   "members": comm and list(comm.ids), "left": left, "aborted": aborted}, f)
+        json.dump({"id": comm and comm.original_id, "rank": comm and comm.rank, "code": code,
+                   "members": comm and list(comm.ids), "left": left, "aborted": aborted,
+                   # Who it is before init() (a crash may come first): mpirun's rank, and
+                   # whether the job spawned it (a rank of its own small world then).
+                   "world": os.environ.get("OMPI_COMM_WORLD_RANK"),
+                   "spawned": "elastic_hvd.runner.join" in sys.modules, **raised}, f)
     os.replace(path + ".tmp", path)
+
+
+def _ours(filename):
+    """Whether a frame is this wrapper's or runpy's (the program runs inside them)."""
+    return filename in (__file__, runpy.__file__) or filename.startswith("<frozen runpy")
+
+
+def _recording(path, show):
+    """An excepthook that records the uncaught exception for the launcher, which
+    prints it; ``show`` (the hook it replaces) if it cannot be recorded."""
+    def hook(kind, value, tb):
+        while tb is not None and _ours(tb.tb_frame.f_code.co_filename):
+            tb = tb.tb_next  # the traceback starts in the program, as under plain python
+        try:
+            _record(path, None, raised=traceback.format_exception_only(kind, value)[-1].strip(),
+                    stack=[f"{f.filename}:{f.lineno}" for f in traceback.extract_tb(tb)],
+                    traceback="".join(traceback.format_exception(kind, value, tb)))
+        except OSError:
+            show(kind, value, tb)
+    return hook
 
 
 def _ended(path, code):
@@ -74,6 +107,10 @@ def main():
         _record(path, None)
         from elastic_hvd.core import runtime  # no MPI yet: that starts with init()
         runtime.when_strict_abort(lambda status: _record(path, status, aborted=True))
+        runtime.leave_raising_to_launcher()
+        sys.excepthook = _recording(path, sys.excepthook)
+        # Before MPI_Init: Open MPI then keeps its own handler out (measured).
+        faulthandler.enable(open(path[:-len(".json")] + ".fault", "w"))
     try:
         run(sys.argv[1:])
     except SystemExit as exc:

@@ -1,0 +1,108 @@
+"""What ``elastic-hvd-run`` says about processes that ended badly, once for the whole job.
+
+Why the launcher: a bug usually fails on every rank at once, and ranks that each
+print their traceback interleave them line by line (three tracebacks made ~120
+lines of one error run); nor can a rank know whether the others go on.  The ranks'
+wrapper (:mod:`.program`) records an uncaught exception, and a fatal signal's
+stacks, in the status directory; the launcher, which sees every process, prints
+the first traceback in full and every other failure *from the same place* in one
+line, and the job's summary counts raised, crashed and killed processes.
+"""
+
+import sys
+import threading
+from pathlib import Path
+
+#: Where the ranks' wrapper (:mod:`.program`) runs from, seen in a crash's stack.
+_WRAPPER = str(Path(__file__).with_name("program.py"))
+
+
+def who(outcome):
+    """``rank 2``, ``rank 2 (original id 3)`` once ranks were renumbered, or the process
+    of a spawned one not yet adopted."""
+    if outcome.get("id") is None:
+        if outcome.get("spawned") or outcome.get("world") is None:
+            return f"a process spawned to join the job ({outcome['process']})"
+        return f"world rank {outcome['world']}"  # lost before its first record with an id
+    if outcome.get("rank") == outcome["id"]:
+        return f"rank {outcome['rank']}"
+    return f"rank {outcome['rank']} (original id {outcome['id']})"
+
+
+def how_lost(outcome):
+    """``"raised"``, ``"crashed"`` or ``"killed"``, for a process that did not finish."""
+    return "raised" if outcome.get("raised") else "crashed" if outcome.get("crashed") else "killed"
+
+
+def lost_words(outcomes):
+    """How processes that did not finish ended: ``"4 ranks raised an uncaught
+    exception"``, or by kind: ``"4 ranks were lost: 3 raised an uncaught exception,
+    1 was killed (...)"``."""
+    counts = {}
+    for outcome in outcomes:
+        counts[how_lost(outcome)] = counts.get(how_lost(outcome), 0) + 1
+    signals = sorted({o["crashed"] for o in outcomes if how_lost(o) == "crashed"})
+    words = {"raised": "raised an uncaught exception",
+             "crashed": f"crashed ({', '.join(signals)})",
+             "killed": "{were} killed or ended without a record (SIGKILL, SIGTERM, os._exit, "
+                       "a lost node)"}
+    ranks = f"{len(outcomes)} rank{'s' if len(outcomes) != 1 else ''}"
+    if len(counts) == 1:
+        return f"{ranks} {words[how_lost(outcomes[0])].format(were='were')}"
+    return f"{ranks} were lost: " + ", ".join(
+        f"{n} {words[kind].format(were='was' if n == 1 else 'were')}" for kind, n in counts.items())
+
+
+def read_fault(status_path):
+    """The fatal signal ``faulthandler`` reported for a process (e.g. ``Segmentation
+    fault``) and the stack of its thread that met it; ``(None, "")`` without one."""
+    try:
+        text = Path(status_path).with_suffix(".fault").read_text()
+    except OSError:
+        return None, ""
+    if not text.startswith("Fatal Python error: "):
+        return None, ""
+    signal = text.splitlines()[0][len("Fatal Python error: "):]
+    blocks = text.split("\n\n")
+    current = next((b for b in blocks if b.startswith("Current thread")), "").splitlines()
+    # Without the wrapper's frames (runpy, elastic_hvd.runner.program): the program's.
+    return signal, "\n".join(line for line in current
+                             if "<frozen runpy>" not in line and _WRAPPER not in line)
+
+
+class Reporter:
+    """Prints each failure once, while the job runs (see the module doc)."""
+
+    def __init__(self, out=None):
+        self.out = out if out is not None else sys.stderr
+        self.lock = threading.Lock()  # the launcher's stderr relay writes too
+        self._told = set()
+        self._places = {}  # (kind, where) -> who reported it in full
+
+    def write(self, text):
+        with self.lock:
+            self.out.write(text)
+            self.out.flush()
+
+    def news(self, outcomes):
+        """Report what the ``outcomes`` (see ``launch.read_outcomes``) show that was not
+        reported yet: a process that raised or crashed, lowest original id first."""
+        fresh = [o for o in outcomes if o.get("code") is None and how_lost(o) != "killed"
+                 and o["process"] not in self._told]
+        for outcome in sorted(fresh, key=lambda o: (o.get("id") is None, o.get("id") or 0)):
+            self._told.add(outcome["process"])
+            self.write(self._report(outcome))
+
+    def _report(self, outcome):
+        if how_lost(outcome) == "raised":
+            what = f"raised {outcome['raised']}"
+            place = ("raised", outcome["raised"].split(":")[0], tuple(outcome.get("stack", ())))
+            full = f"raised an uncaught exception and left the job:\n{outcome.get('traceback', '')}"
+        else:
+            what = f"crashed ({outcome['crashed']})"
+            place = ("crashed", outcome["crashed"], outcome.get("fault_stack", ""))
+            full = f"{what} and left the job; its Python stack:\n{outcome.get('fault_stack', '')}\n"
+        first = self._places.setdefault(place, who(outcome))
+        if first != who(outcome):
+            return f"elastic-hvd-run: {who(outcome)} {what}, at the same place as {first}\n"
+        return f"elastic-hvd-run: {who(outcome)} {full}"
