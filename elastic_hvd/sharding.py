@@ -26,7 +26,7 @@ import collections
 
 import numpy as np
 
-from .core import runtime
+from .core import announce, runtime
 
 
 class ElasticSampler:
@@ -43,6 +43,7 @@ class ElasticSampler:
         self._resume = None  # a checkpointed, unfinished epoch to continue
         self.requeued = 0
         runtime.session("ElasticSampler").commits.add(self._on_commit)
+        announce.effect("data", self._announced)
 
     def start_epoch(self, epoch=None):
         """Begin ``epoch`` (default: the next one): a fresh permutation, or the rest of
@@ -82,6 +83,15 @@ class ElasticSampler:
         if not mine:  # more ranks than samples left: one weightless sample
             return np.array([take[0]]), np.zeros(1, dtype=np.float32)
         return np.array(mine), np.ones(len(mine), dtype=np.float32)
+
+    def _announced(self, event):
+        """What the data does about a membership change, for the line on the console."""
+        shared = (f"the rest of the epoch is split over {event.new_size} "
+                  f"rank{'s' if event.new_size != 1 else ''}")
+        if event.lost:
+            whose = "ranks" if len(event.lost) > 1 else "rank"
+            return f"the samples the lost {whose} had not trained go back into the epoch; {shared}"
+        return shared
 
     def uncommitted(self):
         """True while drawn samples wait for a step to commit them."""

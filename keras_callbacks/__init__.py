@@ -2,7 +2,8 @@
 
 * :class:`LearningRateRescaler` — rescale the learning rate (linear, sqrt, none, or
   keep the global batch constant);
-* :class:`MembershipEventLog` — JSON lines, a console line, TensorBoard scalars;
+* :class:`MembershipEventLog` — JSON lines and TensorBoard scalars (the console line of
+  each change comes from the core, for every script);
 * :class:`ElasticCheckpoint` — atomic checkpoints by the current lowest rank, resume,
   and a final checkpoint when too few ranks are left;
 * :class:`RankZeroProgbar` — the progress bar on exactly one rank;

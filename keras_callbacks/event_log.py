@@ -1,4 +1,8 @@
-"""A record of every membership change: JSON lines, a console line, TensorBoard scalars."""
+"""A record of every membership change: JSON lines and TensorBoard scalars.
+
+The console line of each change comes from the core (``elastic_hvd.core.announce``),
+for every kind of script; this log adds where training was and the learning rate
+before and after."""
 
 import json
 import os
@@ -20,8 +24,13 @@ class MembershipEventLog(MembershipCallback):
          "new_size": 3, "detect_ms": 38.1, "repair_ms": 0.3, "during": "HorovodGradients",
          "lr_before": 0.04, "lr_after": 0.03}
 
-    ``epoch`` and ``step`` count from 1, as Keras prints them ("Epoch 2/5") and as the
-    console line says; the change happened during that step.  A restart from a
+    ``epoch`` and ``step`` count from 1, as Keras prints them ("Epoch 2/5"); the change
+    happened during that step.  For a loss, ``detect_ms`` runs from the moment this
+    rank entered the collective the failure interrupted to the survivors' agreement
+    that it failed (not from the failure itself, which no survivor can see), and
+    ``repair_ms`` is the revoke and shrink after it; for a join, ``spawn_ms`` is what
+    the running ranks spent starting the process and ``repair_ms`` the time from
+    then until it joined, while training went on.  A restart from a
     checkpoint is a record too (``"during": "resume"``, with ``checkpoint``; see
     :meth:`record_resume`), and so is every anomaly (``"anomaly": kind`` and its
     evidence, see ``elastic_hvd.core.freshness``), written by the rank that met it.
@@ -29,9 +38,9 @@ class MembershipEventLog(MembershipCallback):
     TensorBoard scalars (``membership/size``, ``membership/recovery_ms``).
     """
 
-    def __init__(self, path, rescaler=None, console=True, log_dir=None):
+    def __init__(self, path, rescaler=None, log_dir=None):
         super().__init__()
-        self.path, self.rescaler, self.console = path, rescaler, console
+        self.path, self.rescaler = path, rescaler
         self.log_dir = log_dir
         self.records = []
         self._writer = None
@@ -88,14 +97,6 @@ class MembershipEventLog(MembershipCallback):
         if self.comm.rank != 0:
             return
         self._append(record)
-        if self.console:
-            change = ", ".join(f"{what} rank(s) {record[what]}" for what in ("lost", "gained")
-                               if record[what])
-            took = (f"joined in {record['repair_ms']:.1f} ms" if event.gained else
-                    f"recovered in {record['detect_ms']:.1f} + {record['repair_ms']:.1f} ms")
-            print(f"\n[elastic_hvd {time.strftime('%H:%M:%S')}] epoch {record['epoch']} step "
-                  f"{record['step']}: {change}, {event.old_size} -> {event.new_size} ranks, "
-                  f"{took}, lr {lr_before:.4g} -> {lr_after:.4g}", flush=True)
         if self.log_dir:
             self._tensorboard(event, record)
 

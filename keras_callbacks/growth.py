@@ -116,7 +116,10 @@ class ElasticGrowth(tf.keras.callbacks.Callback):
         rehearsal = tf.data.Dataset.from_generator(lambda: iter([batch]), output_signature=spec)
         try:
             with comm.rehearsal():
-                model.fit(rehearsal.with_options(dataset.options()), epochs=1, verbose=0)
+                # One step of one batch, said so: Keras would warn that a dataset
+                # ignores shuffle=True and that the input ran out of data.
+                model.fit(rehearsal.with_options(dataset.options()), epochs=1, steps_per_epoch=1,
+                          shuffle=False, verbose=0)
         except Exception as exc:  # only a head start: joining works without it
             print(f"elastic_hvd: joining without a rehearsal step ({type(exc).__name__}: {exc})",
                   file=sys.stderr, flush=True)

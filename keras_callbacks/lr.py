@@ -19,7 +19,7 @@ the schedule callbacks do (one correction per optimizer, however many ask).
 
 import math
 
-from elastic_hvd.core import runtime
+from elastic_hvd.core import announce, runtime
 from elastic_hvd.core import session as _session
 from elastic_hvd.tensorflow.keras.callbacks import (get_lr, momentum_correct, momentum_restore,
                                                     set_lr)
@@ -56,7 +56,18 @@ class LearningRateRescaler(MembershipCallback):
     def on_train_begin(self, logs=None):
         if self.sampler is not None and self._global_batch is None:
             self._global_batch = self.sampler.batch_size * self.comm.size
+        announce.effect("lr", self._announced)
         super().on_train_begin(logs)
+
+    def _announced(self, event):
+        """What this rescaling does about a membership change, for the console line."""
+        if self.policy == "constant_global_batch":
+            return (f"the per-rank batch becomes {-(-self._global_batch // event.new_size)} so "
+                    "that the global batch and the learning rate stay")
+        factor = scale_factor(self.policy, event.old_size, event.new_size)
+        if factor == 1.0:
+            return f"the learning rate stays (lr_policy {self.policy!r})"
+        return f"the learning rate is scaled by {factor:.3g} ({self.policy}) at the next step"
 
     def on_train_batch_end(self, batch, logs=None):
         momentum_restore(self.model.optimizer)  # the corrected momentum served one step

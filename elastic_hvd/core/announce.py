@@ -17,9 +17,10 @@ import time
 _effects = {}
 
 #: Said of a loss when no layer re-shares the data / rescales the learning rate.
-UNSHARED_DATA = "the lost rank's data shard is not trained for the rest of this run"
+UNSHARED_DATA = "the lost {whose} data {shards} not trained for the rest of this run"
 UNCHANGED_LR = "the learning rate was not changed"
-ADVICE = "hvd.fit with hvd.ElasticData re-shares the data and rescales the learning rate"
+ADVICE = "hvd.fit with hvd.ElasticData re-shares the data and rescales the rate"
+SPARES_ADVICE = "elastic-hvd-run --spares K keeps replacements ready"
 
 
 def effect(topic, describe):
@@ -34,7 +35,9 @@ def _ranks(ids):
 
 
 def _ms(seconds):
-    return f"{seconds * 1e3:.0f} ms" if seconds < 10 else f"{seconds:.1f} s"
+    if seconds < 0.01:
+        return f"{seconds * 1e3:.1f} ms"
+    return f"{seconds * 1e3:.0f} ms" if seconds < 1 else f"{seconds:.1f} s"
 
 
 def describe(event, comm, steps=None):
@@ -64,11 +67,17 @@ def consequences(event, comm):
     said = [text for text in (of(event) for of in _effects.values()) if text]
     if not event.lost:
         return said
-    unhandled = [text for topic, text in (("data", UNSHARED_DATA), ("lr", UNCHANGED_LR))
+    many = len(event.lost) > 1
+    unshared = UNSHARED_DATA.format(whose="ranks'" if many else "rank's",
+                                    shards="shards are" if many else "shard is")
+    unhandled = [text for topic, text in (("data", unshared), ("lr", UNCHANGED_LR))
                  if topic not in _effects]
-    if unhandled and comm.spares_left:
+    if not unhandled:
+        return said
+    if comm.spares_left:
         unhandled[0] += " until a hot spare takes its place"
-    return said + unhandled + ([ADVICE] if unhandled else [])
+    unhandled[-1] += f" ({ADVICE})" if comm.spares_left else f" ({ADVICE}; {SPARES_ADVICE})"
+    return said + unhandled
 
 
 class Announcer:

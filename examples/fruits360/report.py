@@ -70,7 +70,8 @@ def describe(event):
         return f"gained rank(s) {event['gained']}", \
             f"joined {event['repair_ms'] / 1e3:.1f} s after its spawn"
     return f"lost rank(s) {event['lost']}", \
-        f"recovered in {event['detect_ms'] + event['repair_ms']:.1f} ms"
+        (f"failure agreed {event['detect_ms']:.0f} ms into the collective it interrupted, "
+         f"repaired in {event['repair_ms']:.1f} ms")
 
 
 def plot(path, steps, events, started, batch_size):

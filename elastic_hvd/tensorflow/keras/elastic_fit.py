@@ -13,12 +13,13 @@ no guard for it.
 import contextlib
 
 from ...core import runtime
+from ...core.announce import stdout_is_terminal
 from ..data import validation_shard
 from .callbacks import BroadcastGlobalVariablesCallback, MetricAverageCallback
 
 
 def fit(model, data, epochs=1, *, initial_epoch=0, callbacks=(), checkpoint_dir=None,
-        events=None, lr_policy="linear", validation_data=None, verbose=1, **kwargs):
+        events=None, lr_policy="linear", validation_data=None, verbose=None, **kwargs):
     """Train ``model`` (compiled with ``hvd.DistributedOptimizer``) on ``data`` (an
     :class:`~elastic_hvd.tensorflow.data.ElasticData`) for ``epochs``; returns Keras'
     ``History``.
@@ -28,12 +29,15 @@ def fit(model, data, epochs=1, *, initial_epoch=0, callbacks=(), checkpoint_dir=
     membership changes; ``lr_policy``: ``"linear"``, ``"sqrt"``, ``"none"`` or
     ``"constant_global_batch"`` (see ``keras_callbacks.LearningRateRescaler``);
     ``validation_data``: a tuple of arrays, split across the live ranks and averaged;
-    ``verbose``: 0 or Keras' progress-bar level, shown by the current rank 0.
-    Other keyword arguments go to ``model.fit``.
+    ``verbose``: 0 (silent), 1 (a progress bar) or 2 (one line per epoch), shown by the
+    current rank 0; by default 1 when the output goes to a terminal, else 2 (a bar's
+    redraws would fill a log file).  Other keyword arguments go to ``model.fit``.
     """
     import keras_callbacks as kc  # the callbacks' package builds on this one
 
     runtime.current("hvd.fit")
+    if verbose is None:
+        verbose = 1 if stdout_is_terminal() else 2
     given = list(callbacks)
 
     def given_one(kind):
