@@ -73,15 +73,17 @@ def test_the_launcher_reports_a_failure_once_per_place():
         return {"process": f"h-{i}", "id": i, "rank": i, "code": None, "raised": text,
                 "stack": [where], "traceback": f"Traceback ...\n{text}\n"}
 
-    reporter.news([raised(1, "a.py:3"), raised(0, "a.py:3"), raised(2, "b.py:9"),
+    reporter.news([raised(1, "a.py:3", "ValueError: worse\nsee"), raised(0, "a.py:3"),
+                   raised(2, "b.py:9"), raised(4, "a.py:3"),
                    {"process": "h-3", "id": 3, "rank": 3, "code": 0}])
     reporter.news([raised(0, "a.py:3")])  # told already
     assert out.getvalue() == (
         "elastic-hvd-run: rank 0 raised an uncaught exception and left the job:\n"
         "Traceback ...\nValueError: bad\n"
-        "elastic-hvd-run: rank 1 raised ValueError: bad, at the same place as rank 0\n"
+        "elastic-hvd-run: rank 1 raised ValueError: worse ..., at the same place as rank 0\n"
         "elastic-hvd-run: rank 2 raised an uncaught exception and left the job:\n"
-        "Traceback ...\nValueError: bad\n")
+        "Traceback ...\nValueError: bad\n"
+        "elastic-hvd-run: rank 4 raised the same at the same place as rank 0\n")
     killed = {"code": None}
     assert reports.lost_words([raised(0, "x"), raised(1, "x")]) == \
         "2 ranks raised an uncaught exception"
@@ -144,7 +146,7 @@ def test_every_rank_raising_is_reported_once(tmp_path):
     assert "ValueError: the data of rank 0 is bad" in out
     for rank in (1, 2):
         assert (f"elastic-hvd-run: rank {rank} raised ValueError: the data of rank {rank} is bad, "
-                "at the same place as rank 0") in out, out
+                "at the same place as rank 0\n") in out, out
     assert "stops on an uncaught exception" not in out and "continue without it" not in out
     assert out.rstrip().endswith("no rank completed: all 3 ranks raised an uncaught exception "
                                  "(mpirun exit status 0)"), out
@@ -170,7 +172,7 @@ def test_a_mismatch_names_each_call_once(tmp_path, monkeypatch):
     assert ("ranks disagree on the collective they called (they differ in: shape):\n"
             "  rank 0: allreduce name='grad_x' dtype=float32 shape=(2, 3) op=Average\n"
             "  rank 1: allreduce name='grad_x' dtype=float32 shape=(3, 2) op=Average") in out, out
-    assert "elastic-hvd-run: rank 1 raised " in out and "at the same place as rank 0" in out
+    assert "elastic-hvd-run: rank 1 raised the same at the same place as rank 0\n" in out, out
     assert "all 2 ranks raised an uncaught exception" in out
     assert "absl::InitializeLog" not in out and "oneDNN" not in out, out
 

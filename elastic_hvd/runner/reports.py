@@ -95,14 +95,19 @@ class Reporter:
 
     def _report(self, outcome):
         if how_lost(outcome) == "raised":
-            what = f"raised {outcome['raised']}"
-            place = ("raised", outcome["raised"].split(":")[0], tuple(outcome.get("stack", ())))
+            text = outcome["raised"]
+            place = ("raised", text.split(":")[0], tuple(outcome.get("stack", ())))
             full = f"raised an uncaught exception and left the job:\n{outcome.get('traceback', '')}"
         else:
-            what = f"crashed ({outcome['crashed']})"
-            place = ("crashed", outcome["crashed"], outcome.get("fault_stack", ""))
-            full = f"{what} and left the job; its Python stack:\n{outcome.get('fault_stack', '')}\n"
-        first = self._places.setdefault(place, who(outcome))
-        if first != who(outcome):
-            return f"elastic-hvd-run: {who(outcome)} {what}, at the same place as {first}\n"
-        return f"elastic-hvd-run: {who(outcome)} {full}"
+            text = outcome["crashed"]
+            place = ("crashed", text, outcome.get("fault_stack", ""))
+            full = (f"crashed ({text}) and left the job; its Python stack:\n"
+                    f"{outcome.get('fault_stack', '')}\n")
+        first, first_text = self._places.setdefault(place, (who(outcome), text))
+        if first == who(outcome):
+            return f"elastic-hvd-run: {who(outcome)} {full}"
+        lines = text.splitlines()
+        what = ("the same" if text == first_text else
+                f"{lines[0]}{' ...' if len(lines) > 1 else ''},")
+        return (f"elastic-hvd-run: {who(outcome)} {place[0]} {what} at the same place as "
+                f"{first}\n")
