@@ -13,7 +13,9 @@ import platform
 
 import pytest
 
+from elastic_hvd.core import announce
 from elastic_hvd.core.errors import MismatchError
+from elastic_hvd.core.membership import MembershipEvent
 from elastic_hvd.runner import reports
 from elastic_hvd.runner.console import NoiseFilter
 from mpijob import run_job
@@ -49,6 +51,32 @@ def test_mismatch_names_each_ranks_op_dtype_and_real_shape():
     assert "(they differ in: the collective)" in kinds
     assert "rank 0: broadcast name='w' dtype=int64 shape=(3,) root_rank=1\n  rank 1: barrier" \
         in kinds
+
+
+def test_a_change_is_said_with_what_each_time_measures(monkeypatch):
+    monkeypatch.setattr(announce, "_effects", {})  # a script that does nothing about it
+    class Hosts:  # where a job's processes ran: all the line needs of the communicator
+        spares_left = 0
+
+        def hosts(self):
+            return ["a", "b"]
+
+        def host_of(self, i):
+            return "ab"[i % 2]
+
+    loss = MembershipEvent(4, 2, lost=(1, 3), detect_s=0.0412, repair_s=0.0003,
+                           during="HorovodGradients")
+    assert announce.describe(loss, Hosts(), 40) == (
+        "lost ranks 1, 3 on b after 40 training steps: 4 -> 2 ranks; the failure was agreed "
+        "41 ms after rank 0 entered the collective it interrupted (HorovodGradients), and the "
+        "repair (revoke + shrink) took 0.3 ms")
+    assert announce.consequences(loss, Hosts())[-1].startswith(
+        "the learning rate was not changed (hvd.fit with hvd.ElasticData")
+    join = MembershipEvent(2, 4, gained=(4, 5), spawn_s=1.25, repair_s=12.0)
+    assert announce.describe(join, Hosts()) == (
+        "gained ranks 4, 5 on a, b: 2 -> 4 ranks; the ranks spent 1.2 s starting them (spawn, "
+        "or connecting a hot spare), and they joined 12.0 s after that began, while training "
+        "went on")
 
 
 def test_tensorflows_start_up_lines_are_dropped_and_nothing_else():

@@ -44,17 +44,21 @@ def describe(event, comm, steps=None):
     """The facts of ``event``: who was lost or gained (original ids, hosts on a
     multi-host job), the new size, and what it cost -- each time with what it
     measures."""
-    ids = tuple(event.lost) + tuple(event.gained)
-    hosts = {comm.host_of(i) for i in ids} | set(comm.hosts())
-    where = (lambda i: f" on {comm.host_of(i)}") if len(hosts - {None}) > 1 else (lambda i: "")
-    who = [f"{what} {_ranks(ids)}{''.join(sorted({where(i) for i in ids}))}"
+    multi_host = len({comm.host_of(i) for i in (*event.lost, *event.gained)} | set(comm.hosts())
+                     - {None}) > 1
+
+    def where(ids):
+        return f" on {', '.join(sorted({str(comm.host_of(i)) for i in ids}))}" if multi_host else ""
+
+    who = [f"{what} {_ranks(ids)}{where(ids)}"
            for what, ids in (("lost", event.lost), ("gained", event.gained)) if ids]
     when = f" after {steps} training steps" if steps else ""
     text = f"{' and '.join(who)}{when}: {event.old_size} -> {event.new_size} ranks"
     if event.gained:
-        return (f"{text}; the ranks spent {_ms(event.spawn_s)} starting it (spawn, or connecting "
-                f"a hot spare), and it joined {_ms(event.repair_s)} after that began, while "
-                "training went on")
+        them, they = ("them", "they") if len(event.gained) > 1 else ("it", "it")
+        return (f"{text}; the ranks spent {_ms(event.spawn_s)} starting {them} (spawn, or "
+                f"connecting a hot spare), and {they} joined {_ms(event.repair_s)} after that "
+                "began, while training went on")
     collective = f" ({event.during})" if event.during else ""
     return (f"{text}; the failure was agreed {_ms(event.detect_s)} after rank 0 entered the "
             f"collective it interrupted{collective}, and the repair (revoke + shrink) took "
