@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 # tensorflow-cpu by default; GPU users: make TF_EXTRA=gpu ...
 TF_EXTRA ?= cpu
 
-.PHONY: install lint test test-fast test-tf215 demo soak bench bench-core bench-horovod bench-growth bench-hosts compat-horovod clean
+.PHONY: install lint test test-fast test-tf215 demo soak bench bench-core bench-horovod bench-growth bench-hosts bench-mwms compat-horovod clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -62,6 +62,12 @@ bench-horovod: install
 	$(PY) bench/vs_horovod.py
 	$(PY) bench/recovery_vs_elastic_horovod.py --runs 3
 	$(PY) bench/growth_vs_elastic_horovod.py --runs 3
+
+# Against TensorFlow's MultiWorkerMirroredStrategy (issue 23): throughput on 2 and 4
+# workers, and a worker SIGKILLed (MWMS + BackupAndRestore restarting all vs ours in
+# place); ~20 min on 2 cores. Not part of `make test`.
+bench-mwms: install
+	$(PY) bench/vs_mwms.py --runs 3 --kill-runs 3
 
 # Replacing a killed rank / adding ranks (issue 6).
 bench-growth: install
