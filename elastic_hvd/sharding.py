@@ -44,6 +44,8 @@ class ElasticSampler:
         self.requeued = 0
         runtime.session("ElasticSampler").commits.add(self._on_commit)
         announce.effect("data", self._announced)
+        announce.effect("when", lambda _event: f"epoch {self.epoch + 1}, step {self.step}"
+                        if self.epoch >= 0 else None)
 
     def start_epoch(self, epoch=None):
         """Begin ``epoch`` (default: the next one): a fresh permutation, or the rest of

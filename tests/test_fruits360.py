@@ -29,7 +29,7 @@ def test_tiny_fruits360_survives_a_kill(tmp_path):
     assert "final test accuracy" in job.output
     # One epoch numbering: the live line, the summary, the event log and the table's
     # first epoch on 2 ranks name the same epoch (the summary used to add one).
-    live = re.search(r"\] epoch (\d+) step (\d+): lost", job.output)
+    live = re.search(r"\] lost rank 2 in epoch (\d+), step (\d+): 3 -> 2 ranks", job.output)
     summary = re.search(r"membership change +: epoch (\d+) step (\d+):", job.output)
     assert live.groups() == summary.groups() == (str(event["epoch"]), str(event["step"]))
     assert event["epoch"] == next(e["epoch"] for e in result["epochs"] if e["ranks"] == 2)

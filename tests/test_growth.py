@@ -88,7 +88,8 @@ def test_joiner_dies_before_joining(tmp_path, how):
     assert job.returncode == 0
     if how == "--raise-before-join":  # ended like a crash: the ranks saw it die
         assert "JoinOrderError" in job.output
-        assert "spawned to join the running job, stops on an uncaught exception" in job.output
+        assert "elastic-hvd-run: a process spawned to join the job (" in job.output
+        assert ") raised an uncaught exception and left the job:" in job.output
 
 
 #: What Open MPI printed around a joiner the job gave up: its failed non-blocking

@@ -147,10 +147,10 @@ def test_hvd_fit_says_each_change_and_keras_stays_quiet(tmp_path):
     # it: "`shuffle=True` was passed..." and "Your input ran out of data"), output to a
     # pipe without verbose= (before: a progress bar's redraws).
     job = run_job("messages.py", "fit", 12, np=3, launcher=["--spares", "1"],
-                  faults="rank=1,coll=30", tmp_path=tmp_path, timeout=300)
+                  faults="rank=1,step=20", tmp_path=tmp_path, timeout=300)
     lines = changes(job.output)
     assert len(lines) == 2, job.output[-4000:]
-    assert "lost rank 1 after " in lines[0] and "3 -> 2 ranks" in lines[0]
+    assert "lost rank 1 in epoch 1, step 20: 3 -> 2 ranks; " in lines[0], lines
     assert "the samples the lost rank had not trained go back into the epoch; the rest of the " \
            "epoch is split over 2 ranks" in lines[0], lines[0]
     assert "the learning rate is scaled by 0.667 (linear) at the next step" in lines[0]

@@ -13,7 +13,8 @@ import sys
 import time
 
 #: What the program does about a change, by topic ("data", "lr"): callables
-#: ``event -> text or None``, registered by the layers that do it (see :func:`effect`).
+#: ``event -> text or None``, registered by the layers that do it (see :func:`effect`);
+#: and "when": where training was, in the program's terms (``"epoch 2, step 7"``).
 _effects = {}
 
 #: Said of a loss when no layer re-shares the data / rescales the learning rate.
@@ -25,8 +26,8 @@ SPARES_ADVICE = "elastic-hvd-run --spares K keeps replacements ready"
 
 def effect(topic, describe):
     """Register ``describe(event) -> text or None``: what this process does about a
-    membership change in ``topic`` (``"data"`` or ``"lr"``), for the line; replaces
-    the earlier description of that topic."""
+    membership change in ``topic`` (``"data"`` or ``"lr"``), or where training was
+    (``"when"``), for the line; replaces the earlier description of that topic."""
     _effects[topic] = describe
 
 
@@ -52,7 +53,8 @@ def describe(event, comm, steps=None):
 
     who = [f"{what} {_ranks(ids)}{where(ids)}"
            for what, ids in (("lost", event.lost), ("gained", event.gained)) if ids]
-    when = f" after {steps} training steps" if steps else ""
+    where = _effects["when"](event) if "when" in _effects else None
+    when = f" in {where}" if where else f" after {steps} training steps" if steps else ""
     text = f"{' and '.join(who)}{when}: {event.old_size} -> {event.new_size} ranks"
     if event.gained:
         them, they = ("them", "they") if len(event.gained) > 1 else ("it", "it")
@@ -68,7 +70,7 @@ def describe(event, comm, steps=None):
 def consequences(event, comm):
     """What the change means for the run: each topic's registered effect, or what an
     unhandled loss means."""
-    said = [text for text in (of(event) for of in _effects.values()) if text]
+    said = [text for topic, of in _effects.items() if topic != "when" and (text := of(event))]
     if not event.lost:
         return said
     many = len(event.lost) > 1
