@@ -12,13 +12,15 @@ import os
 import sys
 import time
 
+from . import config
+
 #: What the program does about a change, by topic ("data", "lr"): callables
 #: ``event -> text or None``, registered by the layers that do it (see :func:`effect`);
 #: and "when": where training was, in the program's terms (``"epoch 2, step 7"``).
 _effects = {}
 
 #: Said of a loss when no layer re-shares the data / rescales the learning rate.
-UNSHARED_DATA = "the lost {whose} data {shards} not trained for the rest of this run"
+UNSHARED_DATA = "the lost {whose} data {shards} not trained {until}"
 UNCHANGED_LR = "the learning rate was not changed"
 ADVICE = "hvd.fit with hvd.ElasticData re-shares the data and rescales the rate"
 SPARES_ADVICE = "elastic-hvd-run --spares K keeps replacements ready"
@@ -74,15 +76,15 @@ def consequences(event, comm):
     if not event.lost:
         return said
     many = len(event.lost) > 1
-    unshared = UNSHARED_DATA.format(whose="ranks'" if many else "rank's",
-                                    shards="shards are" if many else "shard is")
+    replaced = comm.spares_left or config.current().respawn
+    unshared = UNSHARED_DATA.format(
+        whose="ranks'" if many else "rank's", shards="shards are" if many else "shard is",
+        until="until a replacement takes its place" if replaced else "for the rest of this run")
     unhandled = [text for topic, text in (("data", unshared), ("lr", UNCHANGED_LR))
                  if topic not in _effects]
     if not unhandled:
         return said
-    if comm.spares_left:
-        unhandled[0] += " until a hot spare takes its place"
-    unhandled[-1] += f" ({ADVICE})" if comm.spares_left else f" ({ADVICE}; {SPARES_ADVICE})"
+    unhandled[-1] += f" ({ADVICE})" if replaced else f" ({ADVICE}; {SPARES_ADVICE})"
     return said + unhandled
 
 

@@ -64,13 +64,20 @@ def _record(path, code, left=False, aborted=False, **raised):
                    # Who it is before init() (a crash may come first): mpirun's rank, and
                    # whether the job spawned it (a rank of its own small world then).
                    "world": os.environ.get("OMPI_COMM_WORLD_RANK"),
-                   "spawned": "elastic_hvd.runner.join" in sys.modules, **raised}, f)
+                   "spawned": getattr(sys.modules["__main__"].__spec__, "name", "") == JOIN,
+                   **raised}, f)
     os.replace(path + ".tmp", path)
 
 
+#: The wrapper of a process spawned into the job, which runs this one in place.
+JOIN = "elastic_hvd.runner.join"
+#: Where the wrappers' frames come from: a traceback shows the program's below them.
+WRAPPERS = (__file__, os.path.join(os.path.dirname(__file__), "join.py"), runpy.__file__)
+
+
 def _ours(filename):
-    """Whether a frame is this wrapper's or runpy's (the program runs inside them)."""
-    return filename in (__file__, runpy.__file__) or filename.startswith("<frozen runpy")
+    """Whether a frame is a wrapper's or runpy's (the program runs inside them)."""
+    return filename in WRAPPERS or filename.startswith("<frozen runpy")
 
 
 def _recording(path, show):

@@ -13,8 +13,8 @@ import sys
 import threading
 from pathlib import Path
 
-#: Where the ranks' wrapper (:mod:`.program`) runs from, seen in a crash's stack.
-_WRAPPER = str(Path(__file__).with_name("program.py"))
+from .program import WRAPPERS
+
 
 
 def who(outcome):
@@ -65,9 +65,9 @@ def read_fault(status_path):
     signal = text.splitlines()[0][len("Fatal Python error: "):]
     blocks = text.split("\n\n")
     current = next((b for b in blocks if b.startswith("Current thread")), "").splitlines()
-    # Without the wrapper's frames (runpy, elastic_hvd.runner.program): the program's.
-    return signal, "\n".join(line for line in current
-                             if "<frozen runpy>" not in line and _WRAPPER not in line)
+    # Without the wrappers' frames (runpy, elastic_hvd.runner.program): the program's.
+    return signal, "\n".join(line for line in current if "<frozen runpy>" not in line
+                             and not any(f'"{path}"' in line for path in WRAPPERS))
 
 
 class Reporter:
