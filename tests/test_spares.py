@@ -159,3 +159,31 @@ def test_a_plain_horovod_script_regains_its_size_with_a_spare(tmp_path):
                          for r in results.values())
         assert trained == [(s, PLAIN_STEPS) for s in range(4)], (epoch, trained)
     assert "no growth point" not in job.output
+
+
+def test_a_rank_lost_during_the_adoption_then_the_spare_is_adopted(tmp_path):
+    # Rank 2 dies; while the others connect the spare, rank 1 dies between the accept
+    # and the merge (fault moment spawn=1: adoption is a merge like a spawn).  The
+    # adoption is given up alike everywhere, the spare waits again and is adopted
+    # at a later step boundary: 3 ranks, totals exact.
+    job, results, ids, history = run(tmp_path, 4, 1,
+                                     faults="rank=2,step=10;rank=1,spawn=1,delay=0.05")
+    assert job.returncode == 0
+    assert ids == [0, 3, 4]
+    assert history == [([2], []), ([1], []), ([], [4])]
+    assert "a hot spare waits again" in job.output
+
+
+def test_a_rank_lost_inside_the_merge_of_an_adoption_ends_the_job_loudly(tmp_path):
+    # Rank 1 dies at the instant between the accept and the merge.  Open MPI 5.0.11's
+    # merge then never returns on the others, and no communicator can be made there
+    # any more (their next MPI_Comm_dup hung, printing NBC_Progress errors without
+    # end: docs/openmpi-quirks.md).  An upstream limit: the job must end, loudly,
+    # not hang (before: a hang until the test's timeout).
+    job = run_job("growth_scenarios.py", 120, np=4, launcher=["--spares", "1"],
+                  faults="rank=2,step=10;rank=1,spawn=1", tmp_path=tmp_path, timeout=90,
+                  expect_rc=None)
+    assert job.returncode != 0
+    assert job.output.count("a rank of the job died inside its merge with a new process, after "
+                            "which Open MPI makes no new communicator here; it leaves the job "
+                            "as a crash") == 2

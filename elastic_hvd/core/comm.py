@@ -219,8 +219,9 @@ class ResilientComm(CollectivesMixin):
             yield
         except BaseException as exc:
             if not isinstance(exc, Exception) and not self.joining:
-                _end_as_crash(f"rank {self.rank} (original {self.original_id}) was interrupted "
-                              f"by {type(exc).__name__} inside a collective's protocol")
+                mpi_env.end_as_crash(f"rank {self.rank} (original {self.original_id}) was "
+                                     f"interrupted by {type(exc).__name__} inside a collective's "
+                                     "protocol")
             raise
         finally:
             if self._heartbeat is not None:
@@ -351,7 +352,7 @@ class ResilientComm(CollectivesMixin):
                               call=self.label or None)
         if self._anomaly_deadline is None:
             limit = ANOMALY_REPAIR_DEADLINE * (1 + self.rank)
-            self._anomaly_deadline = threading.Timer(limit, _end_as_crash, args=(
+            self._anomaly_deadline = threading.Timer(limit, mpi_env.end_as_crash, args=(
                 f"rank {self.rank} (original {self.original_id}) did not agree with the "
                 f"others again within {limit:.0f}s of an anomaly",))
             self._anomaly_deadline.daemon = True
@@ -694,12 +695,6 @@ class LeftEarly(Exception):
 
     def __init__(self, leaving, size):
         super().__init__(f"{leaving} of {size} ranks left while the others go on training")
-
-
-def _end_as_crash(why):
-    """End this process as a crash would (see ResilientComm._anomaly)."""
-    print(f"elastic_hvd: {why}; it leaves the job as a crash", file=sys.stderr, flush=True)
-    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _wait(request, timeout):

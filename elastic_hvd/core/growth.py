@@ -60,9 +60,10 @@ class _Pending:
     """A spawn whose joiners have not been adopted yet (running ranks' side): the
     merged communicator and, on its rank 0, one receive per joiner's ready message."""
 
-    def __init__(self, merged, count, events, started, slot=None):
+    def __init__(self, merged, count, events, started, slot=None, spare=None):
         self.merged, self.count, self.events, self.started = merged, count, events, started
         self.slot = slot  # the rank number a spare of a plain script takes, else None
+        self.spare = spare  # the adopted spare's world rank; None for spawned processes
         self.spawn_s = time.perf_counter() - started
         joiners = range(merged.size - count, merged.size) if merged.rank == 0 else ()
         self._buffers = [np.empty(1, dtype=np.int8) for _ in joiners]
@@ -217,14 +218,14 @@ class Growth:
         call = SpawnCall(self.comm, count, hosts, oversubscribe, faults.for_joiner(self.spawns))
         return self._start_join(call, count, started, events, f"spawning {count} process(es)")
 
-    def _start_join(self, call, count, started, events, what, slot=None):
+    def _start_join(self, call, count, started, events, what, slot=None, spare=None):
         """Wait for ``call`` (a :class:`.spawn.MergeCall`) and agree on its outcome:
         True with the join pending, or False with its communicators revoked."""
         comm = self.comm
         merged, error = call.result(spawn_timeout())
         # Done on every rank, and nobody lost meanwhile (``merged`` would hold the dead)?
         if comm.agree(1 if merged is not None else 0) == 1 and len(comm.events) == events:
-            self._pending = _Pending(merged, count, events, started, slot)
+            self._pending = _Pending(merged, count, events, started, slot, spare)
             return True
         if merged is not None:
             comm.revoke(merged)  # the joiners waiting on it give up
@@ -273,11 +274,10 @@ class Growth:
             return False
         root = worlds.index(min(w for w in worlds if w >= 0))
         call = spares.AdoptCall(comm, root, spare)
-        if not self._start_join(call, 1, started, events,
-                                f"adopting the spare (world rank {spare})", slot):
-            return False
-        self.pool = [(w, host) for w, host in self.pool if w != spare]
-        return True
+        # The spare stays in the pool until the join commits: a join given up sends
+        # it back to waiting, ready for the next adoption (see poll()).
+        return self._start_join(call, 1, started, events,
+                                f"adopting the spare (world rank {spare})", slot, spare)
 
     def claim_spares(self):
         """Rank 0 of an in-place job, after each commit (local, no collective): give
@@ -349,6 +349,7 @@ class Growth:
             self.abandon()
             return None
         self._pending = None
+        self.pool = [(w, host) for w, host in self.pool if w != pending.spare]
         old_ids = list(comm.ids)
         new_ids = list(range(self.next_id, self.next_id + pending.count))
         self.next_id += pending.count

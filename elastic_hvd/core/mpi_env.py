@@ -9,6 +9,7 @@ launcher, without any extra flags.  Anything the user set explicitly wins.
 
 import ctypes
 import os
+import signal
 import sys
 import threading
 
@@ -94,6 +95,14 @@ def ulfm_compiled(MPI):
 
 
 _retired = []
+
+
+def end_as_crash(why):
+    """End this process as a crash would: one line saying ``why``, then SIGKILL, which
+    the other ranks detect within milliseconds and repair alike (an ordinary exit
+    before ``MPI_Finalize`` would cost them the heartbeat timeout)."""
+    print(f"elastic_hvd: {why}; it leaves the job as a crash", file=sys.stderr, flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def retire(comm):

@@ -44,11 +44,12 @@ adopt or release it then.
 """
 
 import socket
+import threading
 import time
 
 import numpy as np
 
-from .mpi_env import retire
+from .mpi_env import end_as_crash, retire
 from .spawn import MergeCall, connect_all
 
 #: Seconds between two looks for a message while a spare waits.
@@ -173,16 +174,33 @@ class SpareInvitation:
         MPI = self.MPI
         inter = MPI.COMM_SELF.Connect(port)
         inter.Set_errhandler(MPI.ERRORS_RETURN)
+        adopters = set(inter.Get_remote_group().Translate_ranks(
+            list(range(inter.Get_remote_size())), MPI.COMM_WORLD.Get_group()))
+        stop = threading.Event()
+        threading.Thread(target=_leave_if_an_adopter_dies, args=(MPI, adopters, stop),
+                         name="elastic_hvd-merge-watch", daemon=True).start()
         try:
             merged = inter.Merge(high=True)
             merged.Set_errhandler(MPI.ERRORS_RETURN)
         finally:
+            stop.set()
             retire(inter)
         connect_all(merged)
         return merged
 
     def close(self):
         """Nothing to watch (the interface of :class:`.growth.Invitation`)."""
+
+
+def _leave_if_an_adopter_dies(MPI, adopters, stop):
+    """While a spare merges with the ranks that adopt it: if one of them dies, Open
+    MPI 5.0.11's merge fails or never returns, and no communicator can be made in
+    this process any more (see :class:`.spawn.MergeCall`); the spare then leaves as
+    a crash rather than spin in the merge for ever."""
+    while not stop.wait(POLL):
+        if adopters & failed_world_ranks(MPI) and not stop.wait(POLL):
+            end_as_crash("a hot spare: a rank that adopted it died inside the merge, after "
+                         "which Open MPI makes no new communicator here")
 
 
 class AdoptCall(MergeCall):

@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 
-from . import config, faults
+from . import config, faults, mpi_env
 
 #: Seconds between two looks at the spawning ranks while a spawn runs.
 WATCH_PERIOD = 0.05
@@ -82,6 +82,7 @@ class MergeCall:
     def __init__(self, comm, connect):
         self._owner, self._lock, self._done = comm, threading.Lock(), threading.Event()
         self._given_up, self._made = False, []  # communicators to revoke if given up
+        self._merge_started = False  # the thread called MPI_Intercomm_merge
         self.merged = self.error = None
         try:
             self._comm = comm.mpi_comm.Dup()
@@ -107,6 +108,7 @@ class MergeCall:
             inter = connect(self._comm)
             self._keep(inter)
             faults.at_spawn()
+            self._merge_started = True
             merged = inter.Merge(high=False)
             self._keep(merged)
             connect_all(merged)
@@ -150,8 +152,14 @@ class MergeCall:
                 self._given_up = True
                 for comm in self._made:
                     self._owner.revoke(comm)
-                return None, why
-        return self.merged, self.error
+        if self._merge_started and self.merged is None and self._member_failed():
+            # A member died inside the merge: Open MPI 5.0.11's merge then fails or
+            # never returns, and no communicator can be made in this process any more
+            # (its next MPI_Comm_dup hung, printing "NBC_Progress: an error 77" without
+            # end: docs/openmpi-quirks.md).  A crash is the one way out the others see.
+            mpi_env.end_as_crash("a rank of the job died inside its merge with a new process, "
+                                 "after which Open MPI makes no new communicator here")
+        return (None, why) if self._given_up else (self.merged, self.error)
 
     def _partner_failed(self):
         """Whether the process this call connects to is known to have failed."""
