@@ -10,7 +10,8 @@ loaded first) and rejects a bad value with a message naming the variable.
 them with ``-x``.  The README's table is checked against this one by a test.
 
 Not settings (how our own processes talk to each other, never set by users):
-``ELASTIC_HVD_PROGRAM``, ``ELASTIC_HVD_STATUS_DIR``, ``ELASTIC_HVD_JOINER_FAULT``.
+``ELASTIC_HVD_PROGRAM``, ``ELASTIC_HVD_STATUS_DIR``, ``ELASTIC_HVD_JOINER_FAULT``,
+``ELASTIC_HVD_STDOUT_TTY``.
 """
 
 import dataclasses
