@@ -52,28 +52,25 @@ def dataset(kind, batch, seed, pool=8):
 
 class Clock:
     """Wall and CPU seconds (this process, all its threads) from the end of step
-    ``warmup`` (the start, for 0) to the end of training; none after a restore that
-    began past the warm-up."""
+    ``warmup`` (the start, for 0) to the end of the last step: the steady state, without
+    the end of the epoch; none after a restore that began past the warm-up."""
 
     def __init__(self, keras, warmup):
         clock = self
 
-        def start():
-            clock.start = time.perf_counter(), time.process_time()
+        def now():
+            return time.perf_counter(), time.process_time()
 
         class Callback(keras.callbacks.Callback):
             def on_train_begin(self, logs=None):
                 if warmup == 0:
-                    start()
+                    clock.start = now()
 
             def on_train_batch_end(self, batch, logs=None):
                 if batch + 1 == warmup:
-                    start()
-
-            def on_train_end(self, logs=None):
-                if hasattr(clock, "start"):
-                    clock.seconds = time.perf_counter() - clock.start[0]
-                    clock.cpu_seconds = time.process_time() - clock.start[1]
+                    clock.start = now()
+                elif hasattr(clock, "start"):
+                    clock.seconds, clock.cpu_seconds = (b - a for a, b in zip(clock.start, now()))
 
         self.callback = Callback()
 

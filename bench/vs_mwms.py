@@ -293,8 +293,8 @@ def kill_table(kills, args):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--runs", type=int, default=3, help="interleaved throughput rounds")
-    p.add_argument("--steps", type=int, default=30, help="timed MobileNetV2 steps per job")
-    p.add_argument("--mlp-steps", type=int, default=60, help="timed MLP steps per job")
+    p.add_argument("--steps", type=int, default=60, help="timed MobileNetV2 steps per job")
+    p.add_argument("--mlp-steps", type=int, default=150, help="timed MLP steps per job")
     p.add_argument("--keras3-np", type=int, nargs="*", default=[2],
                    help="sizes at which ours also runs on Keras 3")
     p.add_argument("--kill-runs", type=int, default=3)
@@ -306,6 +306,8 @@ def main():
     p.add_argument("--timeout", type=float, default=300.0, help="per job, seconds")
     p.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "vs_mwms.md"))
     args = p.parse_args()
+    # SIGTERM ends the bench like Ctrl-C: the finally blocks stop every job's processes.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit("terminated"))
     lines = [f"load average (1 min) before the first job: {os.getloadavg()[0]:.2f}, "
              f"cores: {os.cpu_count()}"]
     print(lines[0], flush=True)
