@@ -80,10 +80,11 @@ def test_same_size_in_another_shape_raises_failed_precondition_on_every_rank(two
 
 @pytest.mark.multirank
 def test_bfloat16_against_float32_raises_failed_precondition_on_every_rank(two_ranks):
-    # The same coordinator compares dtypes.  elastic_hvd reduces bfloat16 in float32;
-    # before, it cast before the collective, so the signatures ranks compare both said
-    # float32 and one rank's bfloat16 was summed with the other's float32.  Each call
-    # comes after three float32 ones: rank 1's is the one its predictor expects.
+    # The same coordinator compares dtypes.  elastic_hvd reduces bfloat16 in float32,
+    # and averages integer slices in floats; before, it cast before the collective, so
+    # the signatures ranks compare both said float32 and one rank's bfloat16 (int16)
+    # was summed with (gathered beside) the other's float32.  Each call comes after
+    # three float32 ones: rank 1's is the one its predictor expects.
     for rank in two_ranks:
         for case, errors in rank["other dtype"].items():
             assert errors is not None and "tf.FailedPreconditionError" in errors, case

@@ -101,20 +101,10 @@ def _allreduce_slices(slices, op, prescale_factor, postscale_factor):
         raise NotImplementedError("Only Sum and Average ops are supported with tf.IndexedSlices")
     if prescale_factor != 1.0 or postscale_factor != 1.0:
         raise NotImplementedError("Pre/postscale_factor are not supported with tf.IndexedSlices")
-    values = [_true_division_input(s.values) if op == Average else s.values for s in slices]
-    _, gathered = _ops.reduce_together([], [(v, s.indices) for v, s in zip(values, slices)], op,
+    _, gathered = _ops.reduce_together([], [(s.values, s.indices) for s in slices], op,
                                        name="HorovodAllgatherSlices")
     return [tf.IndexedSlices(values, indices, dense_shape=s.dense_shape)
             for (values, indices), s in zip(gathered, slices)]
-
-
-def _true_division_input(values):
-    """Horovod averages slices with ``values / size`` (TF's true division), so integer
-    values come back as floats, as ``/`` gives them (float32 up to 16 bits, float64
-    above), not truncated in their own dtype."""
-    if not values.dtype.is_integer:
-        return values
-    return tf.cast(values, tf.float32 if values.dtype.size <= 2 else tf.float64)
 
 
 def allgather(tensor, name=None, ignore_name_scope=False, process_set=global_process_set):

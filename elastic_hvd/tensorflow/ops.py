@@ -310,7 +310,7 @@ def reduce_together(groups, sparse, op, prescale_factor=1.0, postscale_factor=1.
             for k in range(0, len(sparse_in), 2):
                 values = comm.allgather(sparse_in[k])
                 if op == Average:
-                    values = (values / comm.size).astype(values.dtype, copy=False)
+                    values = _true_division(values, comm.size)
                 out += [values, comm.allgather(sparse_in[k + 1])]
             return out
 
@@ -318,7 +318,11 @@ def reduce_together(groups, sparse, op, prescale_factor=1.0, postscale_factor=1.
         return runtime.session().step_transaction(attempt) if commit \
             else comm.consistent(attempt)
 
-    outputs = _numpy_op(name, fn, inputs, [t.dtype for t in inputs])
+    touts = [t.dtype for t in inputs]
+    if op == Average:
+        for k in range(len(dense), len(inputs), 2):
+            touts[k] = _true_division_dtype(touts[k])
+    outputs = _numpy_op(name, fn, inputs, touts)
     for out, inp in zip(outputs, dense):
         out.set_shape(inp.shape)
     reduced, per_group, start = outputs[:len(dense)], [], 0
@@ -332,6 +336,22 @@ def reduce_together(groups, sparse, op, prescale_factor=1.0, postscale_factor=1.
         i.set_shape([None])
         gathered.append((v, i))
     return per_group, gathered
+
+
+def _true_division_dtype(dtype):
+    """The dtype of ``values / size`` in TF (Horovod averages slices so): integers give
+    float32 up to 16 bits, float64 above; floats stay."""
+    if not dtype.is_integer:
+        return dtype
+    return tf.float32 if dtype.size <= 2 else tf.float64
+
+
+def _true_division(values, size):
+    """``values / size`` as TF computes it: in the dtype of :func:`_true_division_dtype`.
+    The gathered values keep the callers' dtype until here, so that a rank's integers
+    and another's floats mismatch, as in Horovod's allgather."""
+    dtype = _true_division_dtype(tf.as_dtype(values.dtype)).as_numpy_dtype
+    return values.astype(dtype, copy=False) / dtype(size)
 
 
 def _grouped_allreduce_raw(tensors, op, prescale_factor, postscale_factor, name):

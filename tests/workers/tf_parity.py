@@ -210,30 +210,37 @@ def other_dtype(r):
     float32 (Horovod's coordinator compares dtypes: FailedPreconditionError on every
     rank), each call after three float32 ones, so that rank 1's call is the one its
     signature predictor expects (the cheap path); and the eager allreduce's message.
-    bfloat16 is reduced in float32: its signature must still name bfloat16."""
+    bfloat16 is reduced in float32: its signature must still name bfloat16.  So must
+    int16 slices averaged (float32 values, Horovod's ``values / size``) against float32
+    ones."""
     def gradients(dtype):  # a DistributedGradientTape: the step's fused reduction
         x = tf.ones([3], dtype)
         with tf.GradientTape() as plain:
             plain.watch(x)
             loss = tf.reduce_sum(x * x)
         return hvd.DistributedGradientTape(plain).gradient(loss, x)
+
+    def slices(dtype):
+        return hvd.allreduce(tf.IndexedSlices(tf.ones([1, 2], dtype), tf.constant([0])),
+                             op=hvd.Average).values
+    bfloat16 = [tf.bfloat16, tf.float32][r]
     cast = {"allreduce": lambda dtype: hvd.allreduce(tf.ones([4], dtype)),
             "grouped_allreduce": lambda dtype: hvd.grouped_allreduce([tf.ones([3]),
                                                                       tf.ones([4], dtype)]),
-            "gradients": gradients}
+            "gradients": gradients, "slices int16 Average": slices}
     moved = {"broadcast": lambda dtype: hvd.broadcast(tf.ones([4], dtype), 0),
              "allgather": lambda dtype: hvd.allgather(tf.ones([2, 2], dtype)),
              "reducescatter": lambda dtype: hvd.reducescatter(tf.ones([4], dtype)),
              "alltoall": lambda dtype: hvd.alltoall(tf.ones([2, 2], dtype))}
-    mine = [tf.bfloat16, tf.float32][r]
     got = {}
     for name, build in list(cast.items()) + list(moved.items()):
+        mine = [tf.int16, tf.float32][r] if name.startswith("slices") else bfloat16
         for mode in MODES if name in cast else ("eager",):
             for _ in range(3):
                 modes(lambda build=build: build(tf.float32))[mode]()
-            got[f"{name} {mode}"] = raised(modes(lambda build=build: build(mine))[mode])
+            got[f"{name} {mode}"] = raised(modes(lambda build=build, mine=mine: build(mine))[mode])
     try:
-        hvd.allreduce(tf.ones([4], mine))
+        hvd.allreduce(tf.ones([4], bfloat16))
         message = None
     except hvd.MismatchError as exc:
         message = str(exc)
