@@ -10,7 +10,8 @@ so that all three count the same images per worker and step.  One intra-op and o
 inter-op thread per process.
 
 Throughput (``--models``): rank/worker 0 prints ``RESULT {json}`` with, per model, the
-samples per second of the whole job over ``--steps`` steps after ``--warmup``, and its
+samples per second of the whole job over ``--steps`` steps after ``--warmup`` (also at
+the pace of its median step), and its
 own CPU seconds per step (compute, plus whatever waiting for the others costs: a
 process that spins while it waits burns CPU its peers need on a busy machine).
 Failure runs (``--log DIR``): every process appends ``wall_time step size`` after each
@@ -53,10 +54,13 @@ def dataset(kind, batch, seed, pool=8):
 class Clock:
     """Wall and CPU seconds (this process, all its threads) from the end of step
     ``warmup`` (the start, for 0) to the end of the last step: the steady state, without
-    the end of the epoch; none after a restore that began past the warm-up."""
+    the end of the epoch; none after a restore that began past the warm-up.  Also each
+    step's duration: a busy machine stalls some steps, and the median step shows the
+    pace without them."""
 
     def __init__(self, keras, warmup):
         clock = self
+        clock.ends = []
 
         def now():
             return time.perf_counter(), time.process_time()
@@ -70,9 +74,15 @@ class Clock:
                 if batch + 1 == warmup:
                     clock.start = now()
                 elif hasattr(clock, "start"):
-                    clock.seconds, clock.cpu_seconds = (b - a for a, b in zip(clock.start, now()))
+                    clock.ends.append(now())
+                    clock.seconds, clock.cpu_seconds = (
+                        b - a for a, b in zip(clock.start, clock.ends[-1]))
 
         self.callback = Callback()
+
+    def median_step(self):
+        walls = [self.start[0]] + [end[0] for end in self.ends]
+        return float(np.median(np.diff(walls)))
 
 
 def step_log(keras, path, size):
@@ -156,6 +166,7 @@ def main():
         if hasattr(clock, "seconds"):
             result[kind] = args.batch * size * steps / clock.seconds
             result[kind + "_cpu_per_step"] = clock.cpu_seconds / steps
+            result[kind + "_at_median_step"] = args.batch * size / clock.median_step()
     if rank == 0:
         print("RESULT " + json.dumps(result), flush=True)
 
