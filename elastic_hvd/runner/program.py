@@ -58,8 +58,12 @@ def exit_code(code):
 def _record(path, code, left=False, aborted=False, **raised):
     runtime = sys.modules.get("elastic_hvd.core.runtime")  # imported if the program used it
     comm = runtime.current() if runtime and runtime.is_initialized() else None
+    try:
+        rank = comm and comm.rank
+    except Exception:  # noqa: BLE001 - a program may have freed its communicator by now
+        rank = None
     with open(path + ".tmp", "w") as f:
-        json.dump({"id": comm and comm.original_id, "rank": comm and comm.rank, "code": code,
+        json.dump({"id": comm and comm.original_id, "rank": rank, "code": code,
                    "members": comm and list(comm.ids), "left": left, "aborted": aborted,
                    # Who it is before init() (a crash may come first): mpirun's rank, and
                    # whether the job spawned it (a rank of its own small world then).
