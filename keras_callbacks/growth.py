@@ -19,7 +19,6 @@ calls :meth:`ElasticGrowth.join` before training.  Code before it must not run
 collectives in a joiner (``if not comm.joining: ...``).
 """
 
-import sys
 import time
 
 import numpy as np
@@ -28,6 +27,7 @@ import tensorflow as tf
 from elastic_hvd.core import faults, runtime
 from elastic_hvd.growth_policy import GrowthPolicy
 from elastic_hvd.tensorflow.keras.callbacks import BroadcastGlobalVariablesCallback
+from elastic_hvd.tensorflow.keras.replacement import rehearse
 from elastic_hvd.tensorflow.training_state import TrainingState
 
 
@@ -114,12 +114,4 @@ class ElasticGrowth(tf.keras.callbacks.Callback):
 
         batch = tf.nest.map_structure(zeros, spec)
         rehearsal = tf.data.Dataset.from_generator(lambda: iter([batch]), output_signature=spec)
-        try:
-            with comm.rehearsal():
-                # One step of one batch, said so: Keras would warn that a dataset
-                # ignores shuffle=True and that the input ran out of data.
-                model.fit(rehearsal.with_options(dataset.options()), epochs=1, steps_per_epoch=1,
-                          shuffle=False, verbose=0)
-        except Exception as exc:  # only a head start: joining works without it
-            print(f"elastic_hvd: joining without a rehearsal step ({type(exc).__name__}: {exc})",
-                  file=sys.stderr, flush=True)
+        rehearse(comm, model.fit, x=rehearsal.with_options(dataset.options()))

@@ -17,6 +17,7 @@ Nobody waits for the spare's start-up; the lost rank's shard goes untrained from
 the loss to the next epoch's start, and from then on is trained as before.
 """
 
+import functools
 import inspect
 import sys
 import time
@@ -98,9 +99,18 @@ def _rehearse(model, fit, arguments, comm):
         data = {"x": tf.nest.map_structure(lambda a: a[:size], x), "batch_size": size}
         if y is not None:
             data["y"] = tf.nest.map_structure(lambda a: a[:size], y)
+    rehearse(comm, functools.partial(fit, model), **data)
+
+
+def rehearse(comm, fit, **data):
+    """``fit(**data)`` for one step, its collectives on this process alone
+    (``comm.rehearsal()``): a joiner compiles its training function before it joins,
+    so that nobody waits for that.  Only a head start: a failure is said, not raised."""
     try:
         with comm.rehearsal():
-            fit(model, **data, epochs=1, verbose=0)
-    except Exception as exc:  # only a head start: joining works without it
+            # One step of one batch, said so: Keras would warn that a dataset
+            # ignores shuffle=True and that the input ran out of data.
+            fit(**data, epochs=1, steps_per_epoch=1, shuffle=False, verbose=0)
+    except Exception as exc:  # noqa: BLE001 - joining works without it
         print(f"elastic_hvd: joining without a rehearsal step ({type(exc).__name__}: {exc})",
               file=sys.stderr, flush=True)
