@@ -1,5 +1,6 @@
 """The resilient core under real failures: real mpirun, real signals, hard timeouts."""
 
+import re
 import subprocess
 import sys
 
@@ -259,9 +260,11 @@ def test_mpi_without_thread_multiple_is_a_clear_error_on_every_rank(tmp_path):
                   env={"TEST_THREAD_LEVEL": "serialized"},
                   tmp_path=tmp_path, expect_rc=None, timeout=120)
     assert job.returncode != 0 and not job.results
-    # The launcher prints the first rank's error in full and says the other raised the same.
+    # The launcher prints the first rank's error in full and says the other raised the same
+    # (the first is whichever record the launcher read first: CI once saw rank 1's first).
     assert job.output.count("initialized without MPI_THREAD_MULTIPLE") == 1, job.output[-3000:]
-    assert "world rank 1 raised the same at the same place as world rank 0" in job.output
+    assert re.search(r"world rank (0|1) raised the same at the same place as world rank (?!\1)[01]\n",
+                     job.output), job.output[-3000:]
     assert "all 2 ranks raised an uncaught exception" in job.output
 
 

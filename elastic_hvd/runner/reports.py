@@ -86,10 +86,13 @@ class Reporter:
 
     def news(self, outcomes):
         """Report what the ``outcomes`` (see ``launch.read_outcomes``) show that was not
-        reported yet: a process that raised or crashed, lowest original id first."""
+        reported yet: a process that raised or crashed, lowest original id (or world
+        rank) first.  Across calls the order is the order the records arrived in."""
         fresh = [o for o in outcomes if o.get("code") is None and how_lost(o) != "killed"
                  and o["process"] not in self._told]
-        for outcome in sorted(fresh, key=lambda o: (o.get("id") is None, o.get("id") or 0)):
+        def order(o):
+            return (o.get("id") is None, o["id"] if o.get("id") is not None else o.get("world") or 0)
+        for outcome in sorted(fresh, key=order):
             self._told.add(outcome["process"])
             self.write(self._report(outcome))
 
