@@ -111,14 +111,18 @@ GIVEN_UP = ("spawned to join the running job, exits without joining: the running
             "up before adopting it")
 
 
-@pytest.mark.parametrize("faults, steps, survivors, given_up", [
+CHANGED = "the job's ranks changed while it started"
+ENDED = "training ended before it was ready"
+
+
+@pytest.mark.parametrize("faults, steps, survivors, reasons", [
     # rank 1 dies while the replacement of rank 2 starts up; the second one is still
     # starting when training ends
-    ("rank=2,step=10;rank=1,step=30", 120, [0, 3], 2),
-    ("rank=2,step=10", 40, [0, 1, 3], 1),  # training ends while it starts up
+    ("rank=2,step=10;rank=1,step=30", 120, [0, 3], [CHANGED, ENDED]),
+    ("rank=2,step=10", 40, [0, 1, 3], [ENDED]),  # training ends while it starts up
 ], ids=["ranks_change", "training_ends_first"])
 def test_joiner_given_up_leaves_at_once_in_one_line(tmp_path, faults, steps, survivors,
-                                                    given_up):
+                                                    reasons):
     # Joiners start up for longer than the test waits: only one that leaves as
     # soon as the job gives it up lets the job end by itself.
     job = run_job("growth_scenarios.py", steps, "--joiner-delay", 600, np=4, faults=faults,
@@ -126,8 +130,10 @@ def test_joiner_given_up_leaves_at_once_in_one_line(tmp_path, faults, steps, sur
     assert sorted(job.results) == survivors
     assert not any(e["gained"] for r in job.results.values() for e in r["events"])
     lines = [line for line in job.output.splitlines() if GIVEN_UP in line]
-    assert len(lines) == given_up, job.output[-4000:]
+    assert len(lines) == len(reasons), job.output[-4000:]
     assert all(line.startswith("elastic_hvd: process ") for line in lines), lines
+    # Each says which of the two causes it was (the running ranks' verdict).
+    assert [line.split(GIVEN_UP + ": ")[1][:len(r)] for line, r in zip(lines, reasons)] == reasons
     for noise in OPEN_MPI_NOISE:
         assert noise not in job.output, job.output[-4000:]
     assert "mpirun still waits" not in job.output  # elastic-hvd-run did not have to end it

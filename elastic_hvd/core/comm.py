@@ -392,9 +392,10 @@ class ResilientComm(CollectivesMixin):
         with self._in_mpi():
             return self._growth.poll()
 
-    def abandon_join(self):
-        """Give up the pending join (local; its processes exit without joining)."""
-        self._growth.abandon()
+    def abandon_join(self, why=None):
+        """Give up the pending join (local; its processes exit without joining, saying
+        ``why``: see :meth:`.growth.Growth.abandon`)."""
+        self._growth.abandon(why)
 
     def join(self):
         """In a spawned process or a hot spare: join the running job; returns the

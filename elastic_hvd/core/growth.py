@@ -54,6 +54,16 @@ from .spawn import SpawnCall, spawn_timeout
 JOIN_LABEL = "ElasticJoin"
 #: Tag of a joiner's "ready" message to the lowest rank, on the merged communicator.
 _READY = 1
+#: Tag of the running ranks' verdict when they give a join up: one byte, the reason.
+_VERDICT = 2
+#: Why the running ranks gave a join up, as its joiners say it (verdict byte -> words).
+ENDED, CHANGED, BROKE = 1, 2, 3
+_REASONS = {ENDED: "training ended before it was ready",
+            CHANGED: "the job's ranks changed while it started (the job starts another "
+                     "process for them)",
+            BROKE: "another process joining with it failed"}
+#: Running ranks (the lowest of the merged communicator) that send the verdict.
+_VERDICT_SENDERS = 3
 
 
 class _Pending:
@@ -78,9 +88,24 @@ class _Pending:
         except MPI.Exception:
             return -1
 
-    def close(self, comm):
-        """Revoke the merged communicator (its joiners give up) and retire it."""
+    def close(self, comm, why=None):
+        """Revoke the merged communicator (its joiners give up) and retire it; first
+        tell the joiners ``why`` (:data:`ENDED`, ...) when known, so that they can say it.
+
+        The verdict is sent before the revoke from the same rank, and a message and a
+        revoke from one rank arrive in order, so a joiner's receive from this rank
+        completes before the revoke fails its other requests.  Without it (the lowest
+        ranks died, or a rank left by itself first) a joiner names both causes."""
+        sent = []
+        if why is not None and self.merged.rank < _VERDICT_SENDERS:
+            verdict = np.array([why], dtype=np.int8)
+            for joiner in range(self.merged.size - self.count, self.merged.size):
+                with contextlib.suppress(comm.MPI.Exception):
+                    sent.append(self.merged.Isend(verdict, dest=joiner, tag=_VERDICT))
         comm.revoke(self.merged)
+        for request in sent:  # small: sent eagerly, complete, or failed by the revoke
+            with contextlib.suppress(comm.MPI.Exception):
+                request.Wait()
         for request in self._ready:
             with contextlib.suppress(comm.MPI.Exception):
                 request.Cancel()
@@ -117,6 +142,12 @@ class Invitation:
 
     def __init__(self, MPI, merged):
         self.merged = merged
+        # The running ranks' verdict, if they give this process up (see _Pending.close):
+        # posted now, so that it completes on arrival, before the revoke that follows it.
+        self._verdicts = [np.zeros(1, dtype=np.int8) for _ in range(min(_VERDICT_SENDERS,
+                                                                         merged.rank))]
+        self._verdict_requests = [merged.Irecv(buffer, source=sender, tag=_VERDICT)
+                                  for sender, buffer in enumerate(self._verdicts)]
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, args=(MPI, threading.main_thread()),
                                         name="elastic_hvd-join-watch", daemon=True)
@@ -130,10 +161,18 @@ class Invitation:
             except MPI.Exception:
                 if self._stop.is_set():  # join() took the communicator over
                     return
-                print(_leaving_line(_GIVEN_UP), file=sys.stderr, flush=True)
+                print(_leaving_line(self._reason(MPI)), file=sys.stderr, flush=True)
                 ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(main.ident),
                                                            ctypes.py_object(JoinAbandoned))
                 return
+
+    def _reason(self, MPI):
+        """Why the job gave this process up: the first verdict received, else both causes."""
+        for request, buffer in zip(self._verdict_requests, self._verdicts):
+            with contextlib.suppress(MPI.Exception):  # not received: failed by the revoke
+                if request.Test() and int(buffer[0]) in _REASONS:
+                    return f"the running job gave it up before adopting it: {_REASONS[int(buffer[0])]}"
+        return _GIVEN_UP
 
     @property
     def comm(self):
@@ -154,6 +193,12 @@ class Invitation:
         self._stop.set()
         if self._thread is not threading.current_thread():
             self._thread.join()
+        for request in self._verdict_requests:  # never sent once the job adopts it
+            with contextlib.suppress(Exception):
+                if not request.Test():
+                    request.Cancel()
+                    request.Wait()
+        self._verdict_requests = []
 
 
 class Growth:
@@ -328,7 +373,7 @@ class Growth:
             local = pending.test(MPI)
             ready = comm.run(("poll_join",), lambda c: _minimum(MPI, c, local))
         if len(comm.events) != pending.events or ready < 0:
-            self.abandon()
+            self.abandon(CHANGED if len(comm.events) != pending.events else BROKE)
             return None
         if ready == 0:
             return None
@@ -346,7 +391,7 @@ class Growth:
             if adopted is not None:
                 comm.revoke(adopted)
                 comm.retire(adopted)
-            self.abandon()
+            self.abandon(CHANGED if len(comm.events) != pending.events else BROKE)
             return None
         self._pending = None
         self.pool = [(w, host) for w, host in self.pool if w != pending.spare]
@@ -368,12 +413,13 @@ class Growth:
         comm.settle(adopted)
         return self._welcome(old_ids, pending.started, pending.spawn_s)
 
-    def abandon(self):
-        """Give up the pending join (local; its joiners exit).  In a process that has
-        not joined: stop watching for the job's verdict (it is about to exit)."""
+    def abandon(self, why=None):
+        """Give up the pending join (local; its joiners exit, saying ``why``: :data:`ENDED`,
+        :data:`CHANGED` or :data:`BROKE`).  In a process that has not joined: stop
+        watching for the job's verdict (it is about to exit)."""
         pending, self._pending = self._pending, None
         if pending is not None:
-            pending.close(self.comm)
+            pending.close(self.comm, why)
         if self._invitation is not None:
             self._invitation.close()
 

@@ -9,7 +9,7 @@ from . import announce, config, faults
 from .comm import LeftEarly, ResilientComm
 from .errors import ElasticHvdError, NotInitializedError
 from .freshness import ANOMALY_EXIT_STATUS
-from .growth import Invitation
+from .growth import CHANGED, ENDED, Invitation
 from .heartbeat import Heartbeat
 from .mpi_env import (CONNECTED_FINALIZE_DEADLINE, finalize, ft_enabled, load_mpi, retire,
                       ulfm_compiled)
@@ -216,21 +216,25 @@ def _leave_together():
     telling them (``ResilientComm.leave``).
     """
     if _current is not None:
-        _current.abandon_join()
         if _current.joining:  # never joined: not a member, nobody waits for it
+            _current.abandon_join()
             return
         global _emptied_hosts, _rank_at_exit
         try:
             _current.leave()
+            # Everyone leaves: a process still starting to join is told training ended.
+            _current.abandon_join(ENDED)
             _emptied_hosts, _rank_at_exit = _current.emptied_hosts(), _current.rank
             _current.release_spares()
         except LeftEarly as exc:
+            _current.abandon_join(CHANGED)  # the others go on; they start another
             print(f"elastic_hvd: rank {_current.rank} (original {_current.original_id}) leaves "
                   f"the job; the other ranks go on without it ({exc})", file=sys.stderr, flush=True)
             if _on_leaving_early is not None:
                 _on_leaving_early()
             os._exit(_exit_status or 0)
         except Exception as exc:  # below min_np (said already), or a failure at the very end
+            _current.abandon_join()
             if _current.below_min_np is None:
                 print(f"elastic_hvd: final barrier failed: {exc}", file=sys.stderr)
             _current.release_spares()
