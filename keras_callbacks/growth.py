@@ -94,6 +94,7 @@ class ElasticGrowth(tf.keras.callbacks.Callback):
         self.set_model(model)
         if dataset is not None:
             self._rehearse(model, dataset, comm)
+        self._training_state(callbacks).warm_up()
         started = time.perf_counter()
         event = self.policy.step(comm)  # a joiner's step joins (see GrowthPolicy.step)
         self.epoch = self._training_state(callbacks).load_state(comm.broadcast_object(None))

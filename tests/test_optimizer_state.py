@@ -44,3 +44,34 @@ def test_no_momentum_no_correction_and_lr_round_trip():
     assert opt.momentum_state(optimizer) == (None, None)
     opt.set_lr(optimizer, 0.03)
     assert opt.get_lr(optimizer) == pytest.approx(0.03)
+
+
+@pytest.mark.parametrize("flavour", ["keras", "tf_keras"])
+def test_training_state_load_and_warm_up_reach_every_variable(flavour):
+    # A joiner loads the live state through the TF variables under Keras' (faster);
+    # warm_up (before it joins) assigns each its own value and must change nothing.
+    from elastic_hvd.tensorflow.training_state import TrainingState
+    keras = tf.keras if flavour == "keras" else pytest.importorskip("tf_keras")
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4),
+                              keras.layers.BatchNormalization(), keras.layers.Dense(2)])
+    model.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.9), loss="mse")
+    model.fit(tf.random.normal((8, 3)), tf.random.normal((8, 2)), epochs=2, verbose=0)
+    state = TrainingState(model)
+    before = state.state()
+    assert any(abs(x).sum() > 0 for x in before["optimizer"][1:])  # momentum slots in use
+    state.warm_up()
+    after = state.state()
+    for part in ("model", "optimizer"):
+        assert all((a == b).all() for a, b in zip(before[part], after[part])), part
+    # Values of another dtype (a state from elsewhere) load as the variables' own dtype.
+    moved = {**before, "model": [(x + 1).astype("float64") for x in before["model"]],
+             "optimizer": [x * 2 for x in before["optimizer"]]}
+    state.load_state(moved)
+    loaded = state.state()
+    assert all((a == (b + 1).astype(a.dtype)).all()
+               for a, b in zip(loaded["model"], before["model"]))
+    assert all(v.dtype == "float32" for v in model.variables)
+    # Every optimizer variable doubled but Keras 3's learning rate, which state["lr"] sets.
+    doubled = [(a == b * 2).all() for a, b in zip(loaded["optimizer"], before["optimizer"])]
+    assert sum(doubled) == len(doubled) - (flavour == "keras"), doubled
+    assert loaded["lr"] == pytest.approx(before["lr"])

@@ -49,6 +49,7 @@ def _fit_as_replacement(model, original, args, kwargs):
     bound = inspect.signature(original).bind(model, *args, **kwargs).arguments
     bound.update(bound.pop("kwargs", {}))
     _rehearse(model, original, bound, comm)
+    TrainingState(model).warm_up()
     event = comm.join()
     state = comm.broadcast_object(None, root_rank=state_root(comm, event))
     epoch = TrainingState(model).load_state(state)
