@@ -139,6 +139,21 @@ def test_joiner_given_up_leaves_at_once_in_one_line(tmp_path, faults, steps, sur
     assert "mpirun still waits" not in job.output  # elastic-hvd-run did not have to end it
 
 
+def test_joiner_given_up_inside_a_long_c_call_ends_itself_loudly(tmp_path):
+    # Seen in the soak: a given-up joiner stayed 16 minutes (the exception that ends
+    # it waits for Python code to run, and its main thread was in a call that never
+    # came back) and kept mpirun from ending.  Here the joiner sleeps in one C call.
+    job = run_job("growth_scenarios.py", 40, "--joiner-blocked", 600, np=4,
+                  faults="rank=2,step=10", launcher=("--respawn",), tmp_path=tmp_path,
+                  timeout=120)
+    assert sorted(job.results) == [0, 1, 3]
+    assert f"{GIVEN_UP}: {ENDED}" in job.output, job.output[-4000:]
+    assert "did not exit within 10s" in job.output, job.output[-4000:]
+    assert "time.sleep(joiner_blocked)" in job.output  # its main thread's stack, said
+    assert "mpirun still waits" not in job.output  # it ended itself
+    assert job.returncode == 0
+
+
 @pytest.mark.parametrize("signal", ["HANG", "KILL"])
 def test_spawn_that_never_completes_is_given_up(tmp_path, signal):
     # The first replacement hangs in start-up (HANG, as one stuck in MPI_Init) or dies

@@ -39,9 +39,11 @@ import atexit
 import contextlib
 import ctypes
 import os
+import signal
 import sys
 import threading
 import time
+import traceback
 
 import numpy as np
 
@@ -132,13 +134,19 @@ class Invitation:
     it activates a communicator (seen here: an abandoned joiner that reached
     ``join()`` late ended during the next spawn and took the running ranks down).
     The thread raises :class:`JoinAbandoned` in the main thread, at its next
-    Python instruction (one long C call delays it), which then exits the
-    ordinary way (``MPI_Finalize`` at exit); the thread never finalizes MPI
-    itself, which the main thread may be using.
+    Python instruction, which then exits the ordinary way (``MPI_Finalize`` at
+    exit); the thread never finalizes MPI itself, which the main thread may be
+    using.  A main thread inside a call that does not come back to Python (a C
+    library's wait) never gets the exception: one given-up joiner of the soak
+    stayed 16 minutes and kept mpirun from ending.  So a process still here
+    :data:`EXIT_GRACE` seconds later prints its main thread's stack and ends
+    itself with SIGKILL (a joiner that dies is no failure of the job).
     """
 
     #: Seconds between two looks at the merged communicator.
     WATCH_PERIOD = 0.05
+    #: Seconds a given-up process may take to exit before it ends itself.
+    EXIT_GRACE = 10.0
 
     def __init__(self, MPI, merged):
         self.merged = merged
@@ -164,7 +172,8 @@ class Invitation:
                 print(_leaving_line(self._reason(MPI)), file=sys.stderr, flush=True)
                 ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(main.ident),
                                                            ctypes.py_object(JoinAbandoned))
-                return
+                time.sleep(self.EXIT_GRACE)  # the process normally ends meanwhile
+                _end_stuck(main, self.EXIT_GRACE)
 
     def _reason(self, MPI):
         """Why the job gave this process up: the first verdict received, else both causes."""
@@ -506,6 +515,17 @@ _GIVEN_UP = ("the running job gave it up before adopting it: training ended firs
 _SPAWNED = "spawned to join the running job"
 _SPARE = "a hot spare"
 _leaving = threading.Lock()
+
+
+def _end_stuck(main, grace):
+    """End a given-up process whose main thread did not stop within ``grace`` seconds,
+    loudly: where its main thread is, then SIGKILL (see :class:`Invitation`)."""
+    frame = sys._current_frames().get(main.ident)
+    stack = "".join(traceback.format_stack(frame)) if frame is not None else "(gone)\n"
+    print(f"elastic_hvd: process {os.getpid()}, given up by the running job, did not exit within "
+          f"{grace:.0f}s: its main thread is inside a call that does not return to Python; "
+          f"ending it with SIGKILL.  Its main thread:\n{stack}", file=sys.stderr, flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _leaving_line(why, who=_SPAWNED):

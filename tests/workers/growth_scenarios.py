@@ -11,7 +11,7 @@ it was before it joined).  With ``--die-before-join`` the first joiner kills
 itself while starting up; with ``--raise-before-join`` it calls a collective
 before joining (JoinOrderError, uncaught).  ``--joiner-delay``: every joiner
 spends that long starting up (as one that imports TensorFlow), so that its join
-stays pending meanwhile.
+stays pending meanwhile; ``--joiner-blocked``: that long inside one C call.
 """
 
 import os
@@ -40,7 +40,7 @@ def answer_with_a_foreign_agreement(comm):
     comm._agreement = agreement
 
 
-def main(steps, fail_before_join=None, joiner_delay=0.0):
+def main(steps, fail_before_join=None, joiner_delay=0.0, joiner_blocked=0.0):
     comm = core.init()
     # Past MPI_Init (a process killed inside it hangs the job's start): a watcher may kill.
     open(os.path.join(os.environ["TEST_OUT_DIR"], f"started-{os.getpid()}"), "w").close()
@@ -54,6 +54,7 @@ def main(steps, fail_before_join=None, joiner_delay=0.0):
         until = time.monotonic() + joiner_delay
         while time.monotonic() < until:  # busy in Python, as a start-up is
             time.sleep(0.01)
+        time.sleep(joiner_blocked)  # one call in C, as a library's wait: no Python runs
     if comm.joining and fail_before_join:
         try:  # only the first joiner of the job fails
             os.close(os.open(os.path.join(os.environ["TEST_OUT_DIR"], "died"),
@@ -94,4 +95,5 @@ if __name__ == "__main__":
     args = sys.argv[2:]
     main(int(sys.argv[1]),
          next((a for a in args if a in ("--die-before-join", "--raise-before-join")), None),
-         float(args[args.index("--joiner-delay") + 1]) if "--joiner-delay" in args else 0.0)
+         float(args[args.index("--joiner-delay") + 1]) if "--joiner-delay" in args else 0.0,
+         float(args[args.index("--joiner-blocked") + 1]) if "--joiner-blocked" in args else 0.0)
