@@ -263,8 +263,8 @@ def test_mpi_without_thread_multiple_is_a_clear_error_on_every_rank(tmp_path):
     # The launcher prints the first rank's error in full and says the other raised the same
     # (the first is whichever record the launcher read first: CI once saw rank 1's first).
     assert job.output.count("initialized without MPI_THREAD_MULTIPLE") == 1, job.output[-3000:]
-    assert re.search(r"world rank (0|1) raised the same at the same place as world rank (?!\1)[01]\n",
-                     job.output), job.output[-3000:]
+    same = r"world rank (0|1) raised the same at the same place as world rank (?!\1)[01]\n"
+    assert re.search(same, job.output), job.output[-3000:]
     assert "all 2 ranks raised an uncaught exception" in job.output
 
 

@@ -180,7 +180,7 @@ class Invitation:
         for request, buffer in zip(self._verdict_requests, self._verdicts):
             with contextlib.suppress(MPI.Exception):  # not received: failed by the revoke
                 if request.Test() and int(buffer[0]) in _REASONS:
-                    return f"the running job gave it up before adopting it: {_REASONS[int(buffer[0])]}"
+                    return _GIVEN_UP_BECAUSE + _REASONS[int(buffer[0])]
         return _GIVEN_UP
 
     @property
@@ -510,7 +510,8 @@ def _minimum(MPI, comm, value):
     return int(buffer[0])
 
 
-_GIVEN_UP = ("the running job gave it up before adopting it: training ended first, or the "
+_GIVEN_UP_BECAUSE = "the running job gave it up before adopting it: "
+_GIVEN_UP = (_GIVEN_UP_BECAUSE + "training ended first, or the "
              "job's ranks changed while it started (another process is started for them then)")
 _SPAWNED = "spawned to join the running job"
 _SPARE = "a hot spare"

@@ -91,7 +91,8 @@ class Reporter:
         fresh = [o for o in outcomes if o.get("code") is None and how_lost(o) != "killed"
                  and o["process"] not in self._told]
         def order(o):
-            return (o.get("id") is None, o["id"] if o.get("id") is not None else o.get("world") or 0)
+            known = o.get("id") is not None
+            return (not known, o["id"] if known else o.get("world") or 0)
         for outcome in sorted(fresh, key=order):
             self._told.add(outcome["process"])
             self.write(self._report(outcome))
