@@ -201,7 +201,9 @@ class Invitation:
         """Stop watching (local; idempotent)."""
         self._stop.set()
         if self._thread is not threading.current_thread():
-            self._thread.join()
+            # It stops within a watch period, or it already told the main thread to go
+            # and waits out EXIT_GRACE (the process is exiting: leave it be).
+            self._thread.join(timeout=1.0)
         for request in self._verdict_requests:  # never sent once the job adopts it
             with contextlib.suppress(Exception):
                 if not request.Test():
