@@ -102,7 +102,7 @@ def test_a_spare_killed_with_the_rank_it_would_replace(tmp_path):
     job, results, ids, history = run(tmp_path, 4, 1,
                                      watcher=kill_world_ranks((2.0, 2), (2.02, 4)))
     assert job.returncode == 0
-    assert len(ids) == 3 and 2 not in ids
+    assert len(ids) == 3 and 2 not in ids, (history, job.output[-6000:])
     assert history in ([([2], [])], [([2], []), ([], [4]), ([4], [])])
 
 
