@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 # tensorflow-cpu by default; GPU users: make TF_EXTRA=gpu ...
 TF_EXTRA ?= cpu
 
-.PHONY: install lint test test-fast test-tf215 demo soak bench bench-core bench-horovod bench-growth bench-hosts bench-mwms compat-horovod clean
+.PHONY: install lint test test-fast test-tf215 demo soak bench bench-core bench-horovod bench-growth bench-hosts bench-mwms bench-tf-versions compat-horovod clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -68,6 +68,12 @@ bench-horovod: install
 # place); ~20 min on 2 cores. Not part of `make test`.
 bench-mwms: install
 	$(PY) bench/vs_mwms.py --runs 3 --kill-runs 3
+
+# Where TF 2.21's step goes (issue 23): single-process MobileNetV2 fit on TF 2.21 / Keras 3
+# and TF 2.15 / Keras 2 (.venv-tf215, made by test-tf215), alone and under elastic_hvd.
+bench-tf-versions: install
+	test -x .venv-tf215/bin/elastic-hvd-run || $(MAKE) test-tf215
+	$(PY) bench/tf_versions.py --runs 3
 
 # Replacing a killed rank / adding ranks (issue 6).
 bench-growth: install

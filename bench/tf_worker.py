@@ -1,4 +1,6 @@
-"""Same TF workload under Horovod or elastic_hvd (``--impl``), one JSON line from rank 0.
+"""Same TF workload under Horovod, elastic_hvd or plain Keras alone (``--impl``), one JSON
+line from rank 0.  ``keras``: one process, no distribution (the baseline that shows what
+a TF/Keras version costs by itself).
 
     allreduce: median time of an eager hvd.allreduce of a TF tensor at 1 KiB and 64 MiB
     fit:       Keras model.fit images/second (MobileNetV2 alpha 0.35, 100x100, synthetic data)
@@ -33,13 +35,14 @@ def fit(hvd, args):
     tf.config.threading.set_intra_op_parallelism_threads(args.threads)
     tf.config.threading.set_inter_op_parallelism_threads(1)
     keras = tf.keras
-    model = keras.applications.MobileNetV2(input_shape=(100, 100, 3), alpha=0.35, weights=None,
+    side = args.size
+    model = keras.applications.MobileNetV2(input_shape=(side, side, 3), alpha=0.35, weights=None,
                                            classes=10)
     opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.01 * hvd.size()))
     model.compile(optimizer=opt, loss="sparse_categorical_crossentropy")
     rng = np.random.default_rng(hvd.rank())
     n = args.batch * (args.steps + args.warmup)
-    x = rng.random((n, 100, 100, 3), dtype=np.float32)
+    x = rng.random((n, side, side, 3), dtype=np.float32)
     y = rng.integers(0, 10, n)
 
     class Clock(keras.callbacks.Callback):
@@ -53,23 +56,54 @@ def fit(hvd, args):
     clock = Clock()
     model.fit(x, y, batch_size=args.batch, epochs=1, verbose=0, callbacks=[
         hvd.callbacks.BroadcastGlobalVariablesCallback(0), clock])
-    return {"fit_img_per_s": args.batch * args.steps * hvd.size() / clock.seconds}
+    return {"fit_img_per_s": args.batch * args.steps * hvd.size() / clock.seconds,
+            "step_ms": 1e3 * clock.seconds / args.steps}
+
+
+class Alone:
+    """``--impl keras``: the few ``hvd`` names the workloads use, for one process alone."""
+
+    Sum = None
+
+    @staticmethod
+    def init():
+        pass
+
+    @staticmethod
+    def size():
+        return 1
+
+    @staticmethod
+    def rank():
+        return 0
+
+    @staticmethod
+    def DistributedOptimizer(optimizer):  # noqa: N802 - Horovod's name
+        return optimizer
+
+    class callbacks:  # noqa: N801 - Horovod's name
+        @staticmethod
+        def BroadcastGlobalVariablesCallback(root):  # noqa: N802 - Horovod's name
+            return tf.keras.callbacks.Callback()
 
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--impl", choices=["horovod", "elastic"], required=True)
+    p.add_argument("--impl", choices=["horovod", "elastic", "keras"], required=True)
     p.add_argument("--what", choices=["allreduce", "fit"], required=True)
     p.add_argument("--iterations", type=int, default=200)
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--size", type=int, default=100, help="image side (fit)")
     args = p.parse_args()
     if args.impl == "horovod":
         import horovod.tensorflow.keras as hvd
-    else:
+    elif args.impl == "elastic":
         import elastic_hvd.tensorflow.keras as hvd
+    else:
+        hvd = Alone
     hvd.init()
     result = {"allreduce": allreduce, "fit": fit}[args.what](hvd, args)
     if hvd.rank() == 0:
