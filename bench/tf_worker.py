@@ -61,9 +61,7 @@ def fit(hvd, args):
 
 
 class Alone:
-    """``--impl keras``: the few ``hvd`` names the workloads use, for one process alone."""
-
-    Sum = None
+    """``--impl keras``: the few ``hvd`` names ``fit`` uses, for one process alone."""
 
     @staticmethod
     def init():
@@ -98,6 +96,8 @@ def main():
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--size", type=int, default=100, help="image side (fit)")
     args = p.parse_args()
+    if args.impl == "keras" and args.what != "fit":
+        p.error("--impl keras (one process, no collectives) measures --what fit only")
     if args.impl == "horovod":
         import horovod.tensorflow.keras as hvd
     elif args.impl == "elastic":
