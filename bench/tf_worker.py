@@ -3,7 +3,8 @@ line from rank 0.  ``keras``: one process, no distribution (the baseline that sh
 a TF/Keras version costs by itself).
 
     allreduce: median time of an eager hvd.allreduce of a TF tensor at 1 KiB and 64 MiB
-    fit:       Keras model.fit images/second (MobileNetV2 alpha 0.35, 100x100, synthetic data)
+    fit:       Keras model.fit images/second (MobileNetV2 alpha 0.35, 100x100, synthetic data;
+               ``--model mlp``: a 200-variable MLP, many small tensors)
 """
 
 import argparse
@@ -36,13 +37,20 @@ def fit(hvd, args):
     tf.config.threading.set_inter_op_parallelism_threads(1)
     keras = tf.keras
     side = args.size
-    model = keras.applications.MobileNetV2(input_shape=(side, side, 3), alpha=0.35, weights=None,
-                                           classes=10)
+    if args.model == "mlp":  # many small tensors: 100 Dense layers, 200 variables
+        shape = (64,)
+        model = keras.Sequential([keras.Input(shape)] + [
+            keras.layers.Dense(64, activation="relu") for _ in range(99)] + [
+            keras.layers.Dense(10)])
+    else:
+        shape = (side, side, 3)
+        model = keras.applications.MobileNetV2(input_shape=shape, alpha=0.35, weights=None,
+                                               classes=10)
     opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.01 * hvd.size()))
     model.compile(optimizer=opt, loss="sparse_categorical_crossentropy")
     rng = np.random.default_rng(hvd.rank())
     n = args.batch * (args.steps + args.warmup)
-    x = rng.random((n, side, side, 3), dtype=np.float32)
+    x = rng.random((n, *shape), dtype=np.float32)
     y = rng.integers(0, 10, n)
 
     class Clock(keras.callbacks.Callback):
@@ -95,6 +103,7 @@ def main():
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--size", type=int, default=100, help="image side (fit)")
+    p.add_argument("--model", choices=["mobilenet", "mlp"], default="mobilenet")
     args = p.parse_args()
     if args.impl == "keras" and args.what != "fit":
         p.error("--impl keras (one process, no collectives) measures --what fit only")
