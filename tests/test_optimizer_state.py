@@ -71,7 +71,10 @@ def test_training_state_load_and_warm_up_reach_every_variable(flavour):
     assert all((a == (b + 1).astype(a.dtype)).all()
                for a, b in zip(loaded["model"], before["model"]))
     assert all(v.dtype == "float32" for v in model.variables)
-    # Every optimizer variable doubled but Keras 3's learning rate, which state["lr"] sets.
+    # Every optimizer variable doubled but Keras 3's learning rate, which state["lr"] sets
+    # (Keras 2's optimizers keep the rate out of their variables).
     doubled = [(a == b * 2).all() for a, b in zip(loaded["optimizer"], before["optimizer"])]
-    assert sum(doubled) == len(doubled) - (flavour == "keras"), doubled
+    version = getattr(keras, "__version__", None) or pytest.importorskip("keras").__version__
+    keras3 = version.startswith("3.")
+    assert sum(doubled) == len(doubled) - keras3, doubled
     assert loaded["lr"] == pytest.approx(before["lr"])
