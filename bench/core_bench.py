@@ -9,12 +9,12 @@
 """
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
+
+import worker_result  # bench/, this script's directory
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -23,11 +23,7 @@ def job(np_, script, *args, ft=True):
     cmd = [sys.executable, "-m", "elastic_hvd.runner.launch", "-np", str(np_)]
     cmd += [] if ft else ["--no-ft"]
     cmd += ["python", os.path.join(HERE, script), *map(str, args)]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600).stdout
-    lines = [line for line in out.splitlines() if line.startswith("RESULT ")]
-    if not lines:
-        raise RuntimeError(f"no result from {cmd}:\n{out[-3000:]}")
-    return json.loads(lines[-1][7:])
+    return worker_result.run(cmd, timeout=600)
 
 
 def human(nbytes):

@@ -33,6 +33,8 @@ import threading
 import time
 import uuid
 
+import worker_result  # bench/, this script's directory
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 METRICS = [("allreduce_us", "1 KiB allreduce (µs/call)"), ("agree_us", "agree(1) (µs/call)"),
@@ -127,11 +129,10 @@ def job(n, env_extra, timeout, tmp):
         return None
     finally:
         kill_job(token)  # a straggler, if any, must not outlive its job
-    lines = [line for line in out.splitlines() if line.startswith("RESULT ")]
-    if not lines:
+    result = worker_result.parse(out)
+    if result is None:
         print(f"  n={n}: no result (exit {proc.returncode}):\n{out[-1500:]}", file=sys.stderr)
         return None
-    result = json.loads(lines[-1][7:])
     result.update(load_before=before, load_after=load(), wall_s=time.time() - started,
                   env=env_extra, when=time.strftime("%Y-%m-%d %H:%M:%S"))
     return result

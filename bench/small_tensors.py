@@ -11,10 +11,10 @@ The variants interleaved per round; medians over rounds; ratios ours / Horovod.
 """
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
+
+import worker_result  # bench/, this script's directory
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(ROOT, "bench", "tf_worker.py")
@@ -35,12 +35,7 @@ def steps_per_s(impl, venv, fusion, args):
         cmd = [os.path.join(bin_dir, "elastic-hvd-run"), "-np", "2", *threshold, "python"]
     cmd += [WORKER, "--impl", impl, "--what", "fit", "--model", "mlp", "--batch", "16",
             "--steps", str(args.steps), "--warmup", "10"]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=ROOT)
-    lines = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
-    if not lines:
-        raise SystemExit(f"no result from {' '.join(cmd)}:\n{out.stdout[-2000:]}"
-                         f"{out.stderr[-3000:]}")
-    return 1e3 / json.loads(lines[-1][7:])["step_ms"]
+    return 1e3 / worker_result.run(cmd, cwd=ROOT)["step_ms"]
 
 
 def main():

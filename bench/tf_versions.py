@@ -10,11 +10,11 @@ elastic_hvd adds to a step there; *alone* across TFs is what Keras 3 costs by it
 """
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
+
+import worker_result  # bench/, this script's directory
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(ROOT, "bench", "tf_worker.py")
@@ -28,12 +28,7 @@ def run(venv, impl, args):
         cmd = [os.path.join(bin_dir, "elastic-hvd-run"), "-np", "1", "python"]
     cmd += [WORKER, "--impl", impl, "--what", "fit", "--batch", str(args.batch),
             "--steps", str(args.steps), "--warmup", "5", "--size", "64"]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=ROOT)
-    lines = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
-    if not lines:
-        raise SystemExit(f"no result from {' '.join(cmd)}:\n{out.stdout[-2000:]}"
-                         f"{out.stderr[-3000:]}")
-    return json.loads(lines[-1][7:])
+    return worker_result.run(cmd, cwd=ROOT)
 
 
 def main():

@@ -8,11 +8,11 @@ fault tolerance on.  Each cell is the median over --runs jobs.
 """
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
+
+import worker_result  # bench/, this script's directory
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(ROOT, "bench", "tf_worker.py")
@@ -27,11 +27,7 @@ def launch(impl, venv_bin, np_, what, extra=()):
     else:
         cmd = [os.path.join(venv_bin, "elastic-hvd-run"), "-np", str(np_), "python"]
     cmd += [WORKER, "--impl", impl, "--what", what, *extra]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=900).stdout
-    lines = [line for line in out.splitlines() if line.startswith("RESULT ")]
-    if not lines:
-        raise RuntimeError(f"no result from {' '.join(cmd)}:\n{out[-3000:]}")
-    return json.loads(lines[-1][7:])
+    return worker_result.run(cmd)
 
 
 def median_of(runs, impl, venv_bin, np_, what, key):

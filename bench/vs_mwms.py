@@ -48,9 +48,12 @@ import tempfile
 import time
 import uuid
 
+import worker_result  # bench/, this script's directory
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 from mpijob import JOB_MARKER, job_ranks, kill_tree  # noqa: E402
+
 WORKER = os.path.join(ROOT, "bench", "mwms_worker.py")
 RUN = os.path.join(os.path.dirname(sys.executable), "elastic-hvd-run")
 BATCH = 16
@@ -132,10 +135,8 @@ def throughput_job(impl, np_, flavour, args, extra=()):
         finally:
             job.stop()
         output = job.output()
-    results = [line for line in output.splitlines() if line.startswith("RESULT ")]
-    if results:
-        return json.loads(results[-1][7:])
-    return {"error": last_error(output)}
+    result = worker_result.parse(output)
+    return result if result is not None else {"error": last_error(output)}
 
 
 def last_error(output):
