@@ -149,7 +149,7 @@ class Invitation:
     EXIT_GRACE = 10.0
 
     def __init__(self, MPI, merged):
-        self.merged = merged
+        self.MPI, self.merged = MPI, merged
         # The running ranks' verdict, if they give this process up (see _Pending.close):
         # posted now, so that it completes on arrival, before the revoke that follows it.
         self._verdicts = [np.zeros(1, dtype=np.int8) for _ in range(min(_VERDICT_SENDERS,
@@ -205,7 +205,7 @@ class Invitation:
             # and waits out EXIT_GRACE (the process is exiting: leave it be).
             self._thread.join(timeout=1.0)
         for request in self._verdict_requests:  # never sent once the job adopts it
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(self.MPI.Exception):  # failed by a revoke: nothing to cancel
                 if not request.Test():
                     request.Cancel()
                     request.Wait()
