@@ -187,6 +187,7 @@ def _run(cmd, env, out_dir, timeout, expect_rc, watcher):
         kill_tree(proc, marker)
     reader.join(10)
     output = "".join(chunks)
+    (out_dir.parent / "job.log").write_text(output)  # whole, for a failure's post-mortem
     results = {}
     for path in out_dir.glob("rank*.json"):
         results[int(path.stem[4:])] = json.loads(path.read_text())

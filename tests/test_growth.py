@@ -26,9 +26,17 @@ NODE_LOSS = "node loss: the MPI runtime lost the daemon of host"
 
 def grow(tmp_path, faults, *args, launcher=("--respawn",), timeout=180, env=None, watcher=None,
          np_=4, hosts=None):
+    """Run the growth worker and check it trained correctly: ``(job, results, ids)``."""
     job = run_job("growth_scenarios.py", STEPS, *args, np=np_, faults=faults, launcher=launcher,
                   tmp_path=tmp_path, timeout=timeout, env=env, watcher=watcher, hosts=hosts,
                   expect_rc=None)
+    return (job, *grown(job, hosts))
+
+
+def grown(job, hosts=None):
+    """``(results, final ids)`` of a growth job that must have trained correctly:
+    exit 0, every rank alive at the end holding the same total, no step lost or
+    repeated."""
     if hosts and NODE_LOSS in job.output:
         # Growth connects ranks on two hosts, which Open MPI 5.0.11's runtime handles
         # badly: a daemon may abort on the heap it damaged (docs/openmpi-quirks.md).
@@ -40,7 +48,7 @@ def grow(tmp_path, faults, *args, launcher=("--respawn",), timeout=180, env=None
     assert len({tuple(r["total"]) for r in results.values()}) == 1, "ranks disagree"
     for r in results.values():  # no step lost or repeated, joiners started from the live total
         assert r["total"][0] == r["expected"], (r["total"][0], r["expected"])
-    return job, results, final_ids
+    return results, final_ids
 
 
 def check_history(results, final_ids):

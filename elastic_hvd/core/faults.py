@@ -29,7 +29,9 @@ list of ``key=value``::
 ``phase``
     with ``coll``: ``before`` (default) fires as the collective starts; ``after`` fires
     once its data transfer completed here but before the ranks agreed on the outcome
-    -- the moment at which ULFM's non-uniform error reporting bites.
+    -- the moment at which ULFM's non-uniform error reporting bites.  With ``spawn``:
+    ``before`` fires before the ranks agree to merge, ``after`` once they agreed,
+    as the merge starts (Open MPI 5.0.11 cannot survive a death inside it).
 ``joiner``
     instead of ``rank`` and a moment: the process started by the job's N-th spawn
     fails before ``MPI_Init`` -- with ``signal`` (default ``KILL``), or ``HANG``
@@ -145,7 +147,8 @@ class FaultPlan:
         self._by_coll = {f.coll: f for f in mine if f.coll is not None and f.phase == "before"}
         self._after_coll = {f.coll: f for f in mine if f.coll is not None and f.phase == "after"}
         self._by_step = {f.step: f for f in mine if f.step is not None}
-        self._by_spawn = {f.spawn: f for f in mine if f.spawn is not None}
+        self._by_spawn = {f.spawn: f for f in mine if f.spawn is not None and f.phase == "before"}
+        self._in_merge = {f.spawn: f for f in mine if f.spawn is not None and f.phase == "after"}
         self._by_handover = {f.handover: f for f in mine if f.handover is not None}
         self._by_repair = {f.repair: f for f in mine if f.repair is not None}
         self._by_joiner = {f.joiner: f.signal for f in faults if f.joiner is not None}
@@ -153,7 +156,7 @@ class FaultPlan:
 
     def __bool__(self):
         return bool(self._by_coll or self._after_coll or self._by_step or self._by_spawn
-                    or self._by_handover or self._by_repair or self._by_joiner)
+                    or self._in_merge or self._by_handover or self._by_repair or self._by_joiner)
 
     def at_repair(self):
         self._repairs += 1
@@ -170,6 +173,11 @@ class FaultPlan:
     def at_spawn(self):
         self._spawns += 1
         fault = self._by_spawn.pop(self._spawns, None)
+        if fault:
+            fault.fire()
+
+    def at_merge(self):
+        fault = self._in_merge.pop(self._spawns, None)
         if fault:
             fault.fire()
 
@@ -213,6 +221,11 @@ def after_transfer():
 def at_spawn():
     if _plan:
         _plan.at_spawn()
+
+
+def at_merge():
+    if _plan:
+        _plan.at_merge()
 
 
 def at_handover():

@@ -50,7 +50,7 @@ import time
 import numpy as np
 
 from .mpi_env import end_as_crash, retire
-from .spawn import MergeCall, connect_all
+from .spawn import BROKEN_GRACE, MergeCall, connect_all
 
 #: Seconds between two looks for a message while a spare waits.
 POLL = 0.05
@@ -177,7 +177,7 @@ class SpareInvitation:
         adopters = set(inter.Get_remote_group().Translate_ranks(
             list(range(inter.Get_remote_size())), MPI.COMM_WORLD.Get_group()))
         stop = threading.Event()
-        threading.Thread(target=_leave_if_an_adopter_dies, args=(MPI, adopters, stop),
+        threading.Thread(target=_leave_if_broken_off, args=(MPI, inter, adopters, stop),
                          name="elastic_hvd-merge-watch", daemon=True).start()
         try:
             merged = inter.Merge(high=True)
@@ -192,15 +192,18 @@ class SpareInvitation:
         """Nothing to watch (the interface of :class:`.growth.Invitation`)."""
 
 
-def _leave_if_an_adopter_dies(MPI, adopters, stop):
-    """While a spare merges with the ranks that adopt it: if one of them dies, Open
-    MPI 5.0.11's merge fails or never returns, and no communicator can be made in
-    this process any more (see :class:`.spawn.MergeCall`); the spare then leaves as
-    a crash rather than spin in the merge for ever."""
+def _leave_if_broken_off(MPI, inter, adopters, stop):
+    """While a spare merges with the ranks that adopt it: if one of them dies, or
+    they give the adoption up (they revoke), Open MPI 5.0.11's merge never returns
+    and no communicator can be made in this process any more (see
+    :meth:`.spawn.MergeCall._end_if_broken`); the spare then leaves as a crash rather
+    than spin in the merge for ever."""
     while not stop.wait(POLL):
-        if adopters & failed_world_ranks(MPI) and not stop.wait(POLL):
-            end_as_crash("a hot spare: a rank that adopted it died inside the merge, after "
-                         "which Open MPI makes no new communicator here")
+        if (adopters & failed_world_ranks(MPI) or inter.Is_revoked()) \
+                and not stop.wait(BROKEN_GRACE):
+            end_as_crash("a hot spare: its merge with the ranks that adopt it broke off (one "
+                         "died, or they gave it up), after which Open MPI makes no new "
+                         "communicator here")
 
 
 class AdoptCall(MergeCall):
@@ -208,6 +211,8 @@ class AdoptCall(MergeCall):
     (a world process) opens a port, sends its name to the spare of world rank
     ``spare`` and accepts; every rank merges.  Given up, like a spawn, when a member
     or the spare fails, or after ``spawn_timeout``."""
+
+    _stuck_connect_breaks = True
 
     def __init__(self, comm, root, spare):
         MPI = comm.MPI
@@ -226,7 +231,9 @@ class AdoptCall(MergeCall):
         super().__init__(comm, accept)
 
     def _partner_failed(self):
-        return self._port is not None and self._spare in failed_world_ranks(self._owner.MPI)
+        # The root knows the spare's world rank before the accept ends.
+        return super()._partner_failed() or (
+            self._port is not None and self._spare in failed_world_ranks(self._owner.MPI))
 
     def result(self, timeout):
         try:

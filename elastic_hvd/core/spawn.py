@@ -20,6 +20,11 @@ from . import config, faults, mpi_env
 
 #: Seconds between two looks at the spawning ranks while a spawn runs.
 WATCH_PERIOD = 0.05
+#: A tag no process sends on a merge's intercommunicator (see MergeCall._partner_failed).
+NEVER_SENT = 32100
+#: Seconds a given-up call has to end once revoked before this process counts as
+#: broken by it (a sound one ends within milliseconds).
+BROKEN_GRACE = 1.0
 #: Variables of the MPI runtime: they describe the spawning process, not a joiner.
 RUNTIME_PREFIXES = ("PMIX", "PRTE", "OMPI_")
 
@@ -79,10 +84,15 @@ class MergeCall:
     :class:`.spares.AdoptCall` connects to one that waits already.
     """
 
+    #: Whether a connect step that does not end once given up breaks this process.
+    _stuck_connect_breaks = False
+
     def __init__(self, comm, connect):
         self._owner, self._lock, self._done = comm, threading.Lock(), threading.Event()
         self._given_up, self._made = False, []  # communicators to revoke if given up
         self._merge_started = False  # the thread called MPI_Intercomm_merge
+        self._merge_ended = False  # ... and it returned the merged communicator
+        self._inter = None  # the intercommunicator with the new processes, once made
         self.merged = self.error = None
         try:
             self._comm = comm.mpi_comm.Dup()
@@ -102,14 +112,24 @@ class MergeCall:
                 self._owner.revoke(comm)
 
     def _run(self, connect):
-        owner = self._owner
+        owner, MPI = self._owner, self._owner.MPI
         inter = merged = None
         try:
             inter = connect(self._comm)
             self._keep(inter)
+            self._inter = inter
             faults.at_spawn()
+            # Every rank merges, or none: a merge that the new process does not finish
+            # breaks the ranks inside it for good (see result()), so a process known
+            # dead is not merged with -- the window is then the merge itself.
+            dead = np.array([1 if self._partner_failed() else 0], np.int32)
+            self._comm.Allreduce(MPI.IN_PLACE, dead, op=MPI.MAX)
+            if dead[0]:
+                raise ConnectionError("the process to connect failed before the merge")
             self._merge_started = True
+            faults.at_merge()
             merged = inter.Merge(high=False)
+            self._merge_ended = True
             self._keep(merged)
             connect_all(merged)
         except Exception as exc:  # noqa: BLE001 - any failure: the merge did not happen
@@ -152,17 +172,57 @@ class MergeCall:
                 self._given_up = True
                 for comm in self._made:
                     self._owner.revoke(comm)
-        if self._merge_started and self.merged is None and self._member_failed():
-            # A member died inside the merge: Open MPI 5.0.11's merge then fails or
-            # never returns, and no communicator can be made in this process any more
-            # (its next MPI_Comm_dup hung, printing "NBC_Progress: an error 77" without
-            # end: docs/openmpi-quirks.md).  A crash is the one way out the others see.
-            mpi_env.end_as_crash("a rank of the job died inside its merge with a new process, "
-                                 "after which Open MPI makes no new communicator here")
+        if self._given_up or self.error is not None:
+            self._end_if_broken()
         return (None, why) if self._given_up else (self.merged, self.error)
 
+    def _end_if_broken(self):
+        """After the call failed or was given up: end this process as a crash if Open
+        MPI left it unable to make communicators.  Open MPI 5.0.11 allocates a merged
+        communicator's context id with a loop that retries for ever once a process of
+        the other side dies (or the call is revoked) inside it: the merge never
+        returns, errors stream out (``NBC_Progress: an error 77``), and every later
+        communicator made from a newer one waits for ever (measured with plain mpi4py,
+        docs/openmpi-quirks.md).  A process that dies inside its ``MPI_Comm_connect``
+        may leave the accepting ranks unable to make any communicator (one that dies
+        before it: no harm), hence the probe (:class:`.spares.AdoptCall`); a spawn
+        that never ends leaves only a thread behind (measured: later spawns work)."""
+        if self._merge_started and not (self._done.wait(BROKEN_GRACE) and self._merge_ended):
+            mpi_env.end_as_crash("a process died inside its merge with a new process (or the "
+                                 "merge was given up), after which Open MPI makes no new "
+                                 "communicator here")
+        if self._stuck_connect_breaks and not self._done.wait(BROKEN_GRACE) \
+                and not self._can_make_communicators():
+            mpi_env.end_as_crash("the process it connected to died inside MPI_Comm_connect, "
+                                 "after which Open MPI makes no new communicator here")
+
+    def _can_make_communicators(self):
+        """Whether ``MPI_Comm_dup(MPI_COMM_SELF)`` ends within :data:`BROKEN_GRACE`
+        (in a thread: it may never end)."""
+        made = []
+        done = threading.Event()
+
+        def dup():
+            made.append(self._owner.MPI.COMM_SELF.Dup())
+            done.set()
+        threading.Thread(target=dup, name="elastic_hvd-probe", daemon=True).start()
+        if not done.wait(BROKEN_GRACE):
+            return False
+        self._owner.retire(made[0])
+        return True
+
     def _partner_failed(self):
-        """Whether the process this call connects to is known to have failed."""
+        """Whether a process this call connects to is known to have failed, once
+        connected: a probe for a message from it (one never sent) fails once the
+        runtime reported its death (measured: within ~0.1 s of a SIGKILL)."""
+        inter, MPI = self._inter, self._owner.MPI
+        if inter is None:
+            return False
+        try:
+            for source in range(inter.Get_remote_size()):
+                inter.Iprobe(source=source, tag=NEVER_SENT)
+        except MPI.Exception as exc:
+            return exc.Get_error_class() == MPI.ERR_PROC_FAILED
         return False
 
     def _member_failed(self):
