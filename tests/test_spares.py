@@ -52,10 +52,15 @@ def kill_host(host, delay, processes=6):
 def run(tmp_path, np_, spares, faults=None, watcher=None, launcher=(), hosts=None):
     job, results, final_ids = grow(tmp_path, faults, launcher=["--spares", str(spares), *launcher],
                                    watcher=watcher, np_=np_, hosts=hosts)
-    history = [(e["lost"], e["gained"]) for e in results[final_ids[0]]["events"]]
+    return job, results, final_ids, shared_history(results, final_ids)
+
+
+def shared_history(results, final_ids):
+    """The job's ``(lost, gained)`` events, which every rank alive at the end must share."""
+    events = [(e["lost"], e["gained"]) for e in results[final_ids[0]]["events"]]
     for r in results.values():
-        assert [(e["lost"], e["gained"]) for e in r["events"]] == history
-    return job, results, final_ids, history
+        assert [(e["lost"], e["gained"]) for e in r["events"]] == events
+    return events
 
 
 def test_a_spare_replaces_a_rank_killed_from_outside(tmp_path):
@@ -120,13 +125,13 @@ def test_a_spare_killed_with_the_rank_it_would_replace(tmp_path):
         assert job.returncode != 0 and job.output.count(BROKEN_MERGE) == 3, tail
         return
     results, ids = grown(job)
-    history = [(e["lost"], e["gained"]) for e in results[ids[0]]["events"]]
+    events = shared_history(results, ids)
     if BROKEN_ACCEPT in job.output:
         assert job.output.count(BROKEN_ACCEPT) == 1, tail
-        assert history == [([2], []), ([0], [])] and ids == [1, 3], (history, tail)
+        assert events == [([2], []), ([0], [])] and ids == [1, 3], (events, tail)
     else:
-        assert len(ids) == 3 and 2 not in ids, (history, tail)
-        assert history in ([([2], [])], [([2], []), ([], [4]), ([4], [])]), (history, tail)
+        assert len(ids) == 3 and 2 not in ids, (events, tail)
+        assert events in ([([2], [])], [([2], []), ([], [4]), ([4], [])]), (events, tail)
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or not (shutil.which("unshare") and shutil.which("ip")),
