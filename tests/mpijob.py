@@ -119,8 +119,10 @@ SIMULATED_HOSTS_ARGS = (
 
 
 def run_job(worker, *args, np=4, timeout=120, faults=None, launcher=(), env=None,
-            tmp_path=None, expect_rc=0, watcher=None, hosts=None, hostfile=False):
-    """Launch ``tests/workers/<worker>`` on ``np`` ranks through elastic-hvd-run.
+            tmp_path=None, expect_rc=0, watcher=None, hosts=None, hostfile=False,
+            launcher_env=None):
+    """Launch ``tests/workers/<worker>`` on ``np`` ranks through elastic-hvd-run
+    (``env``: exported to the ranks with ``-x``; ``launcher_env``: the launcher's own).
 
     ``watcher(out_dir, marker)``, if given, runs in a thread while the job runs (e.g.
     to kill a rank from outside at a moment no hook chose; ``job_processes(marker,
@@ -147,7 +149,7 @@ def run_job(worker, *args, np=4, timeout=120, faults=None, launcher=(), env=None
     for name, value in env.items():
         cmd += ["-x", f"{name}={value}"]
     cmd += ["python", str(WORKERS / worker), *map(str, args)]
-    return _run(cmd, {}, out_dir, timeout, expect_rc, watcher)
+    return _run(cmd, launcher_env or {}, out_dir, timeout, expect_rc, watcher)
 
 
 def run_process(worker, *args, tmp_path, timeout=120, expect_rc=0):

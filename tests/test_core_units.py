@@ -2,6 +2,7 @@
 
 import os
 import signal
+from pathlib import Path
 
 import pytest
 
@@ -124,27 +125,43 @@ def test_launcher_hosts_give_np():
     assert cmd[1:3] == ["-np", "5"] and "--host" in cmd and "--oversubscribe" not in cmd
 
 
-def _fake_mpirun(tmp_path, failures, message):
-    """An executable standing in for mpirun: fails ``failures`` times with ``message``."""
+def _fake_mpirun(tmp_path, status, message):
+    """An executable standing in for mpirun: records its arguments, makes its session
+    directory where ``prte_local_tmpdir_base`` says, prints ``message``, exits ``status``."""
     script = tmp_path / "mpirun"
     script.write_text(
         "#!/bin/sh\n"
-        f"n=$(cat {tmp_path}/count 2>/dev/null || echo 0); n=$((n+1)); echo $n > {tmp_path}/count\n"
-        f"if [ $n -le {failures} ]; then echo \"{message}\" >&2; exit 213; fi\n"
-        "exit 0\n")
+        f"echo \"$@\" >> {tmp_path}/calls\n"
+        "prev=''; for a in \"$@\"; do\n"
+        "  if [ \"$prev\" = prte_local_tmpdir_base ]; then\n"
+        "    mkdir -p \"$a/ompi.$$\" && touch \"$a/ompi.$$/pmix.host.tool\" && echo \"$a\" > "
+        f"{tmp_path}/base; fi\n"
+        "  prev=$a; done\n"
+        f"echo \"{message}\" >&2; exit {status}\n")
     script.chmod(0o755)
     return str(script)
 
 
-def test_launcher_retries_only_when_mpirun_itself_did_not_start(tmp_path, monkeypatch, capfd):
+def test_launcher_gives_mpirun_a_session_dir_of_its_own_and_removes_it(tmp_path, monkeypatch,
+                                                                       capfd):
+    # Even when mpirun did not start: no launching again (the cause is known and
+    # prevented, see tests/test_session_dirs.py), its status and words pass through.
     monkeypatch.setattr(launch, "find_mpirun", lambda: _fake_mpirun(
-        tmp_path, 1, "The PMIx server's listener thread failed to start. We cannot"))
-    assert launch.main(["-np", "2", "python", "x.py"]) == 0
-    assert (tmp_path / "count").read_text().strip() == "2"
-    assert "launching again" in capfd.readouterr().err
-
-    (tmp_path / "count").unlink()
-    monkeypatch.setattr(launch, "find_mpirun", lambda: _fake_mpirun(tmp_path, 5, "rank 1 died"))
+        tmp_path, 213, "The PMIx server's listener thread failed to start. We cannot"))
     assert launch.main(["-np", "2", "python", "x.py"]) == 213
-    assert (tmp_path / "count").read_text().strip() == "1"
-    assert "rank 1 died" in capfd.readouterr().err
+    assert len((tmp_path / "calls").read_text().splitlines()) == 1
+    base = Path((tmp_path / "base").read_text().strip())
+    assert base.name.startswith("elastic_hvd") and not base.exists()
+    assert "listener thread failed to start" in capfd.readouterr().err
+
+
+@pytest.mark.parametrize("how", ["--mpi-args", "environment"])
+def test_launcher_leaves_a_session_dir_base_the_user_chose(tmp_path, monkeypatch, how):
+    monkeypatch.setattr(launch, "find_mpirun", lambda: _fake_mpirun(tmp_path, 0, ""))
+    argv = ["-np", "2", "python", "x.py"]
+    if how == "--mpi-args":
+        argv[2:2] = ["--mpi-args", f"--prtemca prte_tmpdir_base {tmp_path}"]
+    else:
+        monkeypatch.setenv("PRTE_MCA_prte_tmpdir_base", str(tmp_path))
+    assert launch.main(argv) == 0
+    assert "prte_local_tmpdir_base" not in (tmp_path / "calls").read_text()

@@ -181,11 +181,21 @@ def program_start(command):
     return None
 
 
-# Text prterun prints when it could not start its own PMIx server.  It happens before
-# any rank runs (CI hit it once in a suite of ~60 back-to-back jobs), so
-# launching again is safe and is what a user would do by hand.
-STARTUP_FAILURES = (b"listener thread failed to start",)
-LAUNCH_ATTEMPTS = 3
+#: mpirun settings for where its session directory goes: where the user set one, it wins.
+SESSION_BASE_SETTINGS = ("prte_tmpdir_base", "prte_local_tmpdir_base")
+
+
+def session_dir_args(cmd, base):
+    """mpirun options that put its session directory in ``base`` (this launch's own,
+    removed after it), or none where the user chose where it goes.
+
+    prterun keeps it in ``$TMPDIR/ompi.<its pid>`` and removes it only when it ends by
+    itself.  One left by a killed prterun (a stuck one this launcher ended, a hung test
+    job) makes a later prterun that gets the same pid fail before any rank starts: "The
+    PMIx server's listener thread failed to start" (tests/test_session_dirs.py)."""
+    chosen = any(name in arg for arg in cmd for name in SESSION_BASE_SETTINGS) or any(
+        f"PRTE_MCA_{name}" in os.environ for name in SESSION_BASE_SETTINGS)
+    return [] if chosen else ["--prtemca", "prte_local_tmpdir_base", base]
 
 
 def read_outcomes(status_dir):
@@ -251,10 +261,10 @@ def end_when_members_done(proc, status_dir, grace, stopped, reporter):
 
 def run_mpirun(cmd, status_dir=None, grace=None, reporter=None, quiet_tf=False):
     """Run ``cmd``, passing its stderr through (without TensorFlow's start-up lines
-    if ``quiet_tf``, see :mod:`.console`); returns (exit status, whether mpirun
-    itself failed to start, the host whose daemon the runtime lost or None).  With
-    ``status_dir``, mpirun is ended ``grace`` seconds after every member of the job
-    finished (see end_when_members_done) and the ``reporter`` tells of failures."""
+    if ``quiet_tf``, see :mod:`.console`); returns (exit status, the host whose
+    daemon the runtime lost or None).  With ``status_dir``, mpirun is ended ``grace``
+    seconds after every member of the job finished (see end_when_members_done) and
+    the ``reporter`` tells of failures."""
     reporter = reporter or reports.Reporter()
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE)
 
@@ -294,8 +304,7 @@ def run_mpirun(cmd, status_dir=None, grace=None, reporter=None, quiet_tf=False):
         relay(noise.flush())
     code = proc.wait()
     stopped.set()
-    return code, code != 0 and any(text in tail for text in STARTUP_FAILURES), \
-        relaunch.lost_daemon_host(tail)
+    return code, relaunch.lost_daemon_host(tail)
 
 
 def exit_status(code, outcomes):
@@ -346,18 +355,16 @@ def exit_status(code, outcomes):
 def launch(args, cmd, settings):
     """Run the job once: ``(exit status, the line saying why or None, the host whose
     daemon the runtime lost or None)``."""
-    with tempfile.TemporaryDirectory(prefix="elastic_hvd") as status_dir:
-        cmd = [cmd[0], "-x", f"ELASTIC_HVD_STATUS_DIR={status_dir}", *cmd[1:]]
+    with tempfile.TemporaryDirectory(prefix="elastic_hvd") as status_dir, \
+            tempfile.TemporaryDirectory(prefix="elastic_hvd-mpi",
+                                        ignore_cleanup_errors=True) as session_base:
+        cmd = [cmd[0], *session_dir_args(cmd, session_base),
+               "-x", f"ELASTIC_HVD_STATUS_DIR={status_dir}", *cmd[1:]]
         # Members that finished exit within the finalize deadline (runtime._at_exit).
         grace = settings.finalize_deadline + 3
         reporter = reports.Reporter()
         quiet_tf = not tf_logs_wanted(os.environ, args.env)
-        for attempt in range(1, LAUNCH_ATTEMPTS + 1):
-            code, not_started, lost = run_mpirun(cmd, status_dir, grace, reporter, quiet_tf)
-            if not (not_started and attempt < LAUNCH_ATTEMPTS):
-                break
-            print(f"elastic-hvd-run: mpirun could not start (attempt {attempt}); launching again",
-                  file=sys.stderr)
+        code, lost = run_mpirun(cmd, status_dir, grace, reporter, quiet_tf)
         outcomes = read_outcomes(status_dir)
         reporter.news(outcomes)  # what the last look before the end did not see
     # The same words also come while a job that has finished shuts down (a daemon
