@@ -37,6 +37,10 @@ SETTINGS = (
             "seconds without a heartbeat before a rank is declared dead (> 3 x period)"),
     Setting("stall_timeout", "ELASTIC_HVD_STALL_TIMEOUT", float, 0.0, 0.0,
             "seconds without progress, while others wait, before a rank kills itself (0: off)"),
+    Setting("waiting_board", "ELASTIC_HVD_WAITING_BOARD", str, None, None,
+            "directory where ranks tell the stall watchdog that they wait (default: the "
+            "launcher's status directory, or mpirun's session directory on each host; with "
+            "plain mpirun on several hosts, one every host shares)"),
     Setting("mismatch_timeout", "ELASTIC_HVD_MISMATCH_TIMEOUT", float, 5.0, 0.0,
             "seconds a rank whose collective differs from the predicted one waits"),
     Setting("finalize_deadline", "ELASTIC_HVD_FINALIZE_DEADLINE", float, 15.0, 0.0,

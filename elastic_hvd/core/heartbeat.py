@@ -34,18 +34,21 @@ SIGKILLs itself, which the others detect in milliseconds and repair.  A rank
 waiting inside a collective is never "stalled".  When *no* rank waits (the whole
 job is busy, or the whole job hangs), killing would end the job without helping
 anyone: the rank prints a warning instead and is not killed.  Ranks tell each
-other that they wait with small messages on a communicator of their own, sent by
-the watchdog thread (this part is Python, so it needs the GIL: a rank that hangs
-*holding* the GIL cannot be killed by its watchdog; its heartbeats go on).
+other that they wait on a :class:`WaitingBoard` -- files, not MPI: the watchdog
+never drives MPI progress beside the main thread (see the board's doc).  The
+watchdog is Python, so it needs the GIL: a rank that hangs *holding* the GIL
+cannot be killed by its watchdog; its heartbeats go on.
 """
 
 import atexit
 import ctypes
 import os
 import signal
+import socket
 import sys
 import threading
 import time
+from pathlib import Path
 
 from . import mpi_env
 
@@ -167,19 +170,74 @@ class _PythonProgress:
             self._thread.join()
 
 
-_WAITING_TAG = 0x5EA1  # "I am waiting in a collective", on the watchdog's communicator
+class WaitingBoard:
+    """Where the processes of a job say that they wait inside a collective: one file
+    each in a directory they share, its modification time the last time it said so.
+
+    Files, not MPI messages: Open MPI 5.0.11's agreement is not safe beside
+    ``opal_progress`` in a second thread (module doc), and the watchdog's own
+    ``Iprobe``/``Isend`` on a communicator of its own were just that.  Strict mode
+    caught it in the whole-job-stall test: all four ranks agreed ``0x44000c08`` where
+    each had given ``0x66311d7b``.  With the board only the main thread, or the
+    progress loop while the main thread is out of MPI, ever drives MPI.
+
+    The directory (``path``): the setting ``ELASTIC_HVD_WAITING_BOARD`` if given --
+    a process sets it for the processes it spawns, which therefore share the board --
+    else ``waiting`` in elastic-hvd-run's status directory (shared by every host
+    when ``$TMPDIR`` is, as the status files need), else mpirun's session directory
+    on this host (plain mpirun; it goes with the job).  ``None``: no peers to tell
+    (a process started without mpirun).
+    """
+
+    ENV = "ELASTIC_HVD_WAITING_BOARD"
+
+    def __init__(self, path):
+        self.path = Path(path) if path else None
+        if self.path is not None:
+            self.path.mkdir(parents=True, exist_ok=True)
+            os.environ[self.ENV] = str(self.path)  # for the processes this one spawns
+            self._mine = self.path / f"{socket.gethostname()}-{os.getpid()}"
+
+    @classmethod
+    def of_job(cls, chosen=None, environ=os.environ):
+        """The board at ``chosen`` (the setting), else the job's (see above)."""
+        if chosen:
+            return cls(chosen)
+        if environ.get("ELASTIC_HVD_STATUS_DIR"):
+            return cls(Path(environ["ELASTIC_HVD_STATUS_DIR"]) / "waiting")
+        return cls(environ.get("PMIX_SERVER_TMPDIR"))
+
+    def say_waiting(self):
+        if self.path is not None:
+            self._mine.touch()
+
+    def others_waited_within(self, seconds):
+        """Whether another process said in the last ``seconds`` that it waits."""
+        if self.path is None:
+            return False
+        since = time.time() - seconds
+        for entry in self.path.iterdir():
+            try:
+                if entry != self._mine and entry.stat().st_mtime >= since:
+                    return True
+            except OSError:  # removed meanwhile: that process has ended
+                continue
+        return False
+
+    def leave(self):
+        if self.path is not None:
+            self._mine.unlink(missing_ok=True)
 
 
 class Heartbeat:
     """GIL-free MPI progress plus the optional stall watchdog (see module doc).
 
-    ``comm``: the communicator the ranks work on; the watchdog duplicates it
-    (collectively, at construction) to tell other ranks that it waits.
+    ``board``: the directory where the watchdog says that this process waits, and
+    hears that others do (``ELASTIC_HVD_WAITING_BOARD``; see :class:`WaitingBoard`).
     """
 
-    def __init__(self, MPI, period, stall_timeout=0.0, comm=None):
+    def __init__(self, MPI, period, stall_timeout=0.0, board=None):
         global _instance
-        self._MPI = MPI
         self._stall_timeout = float(stall_timeout or 0.0)
         self._last_progress = time.monotonic()
         self._in_collective = 0
@@ -196,9 +254,7 @@ class Heartbeat:
             self.native = False
         self._watchdog = None
         if self._stall_timeout > 0:
-            self._comm = (comm if comm is not None else MPI.COMM_WORLD).Dup()
-            self._comm.Set_errhandler(MPI.ERRORS_RETURN)
-            self._peer_waiting = -1e9  # when we last heard that another rank waits
+            self._board = WaitingBoard.of_job(board)
             self._watchdog = threading.Thread(target=self._watch, name="elastic_hvd-watchdog",
                                               daemon=True)
             self._watchdog.start()
@@ -225,32 +281,20 @@ class Heartbeat:
 
     # -- the watchdog ---------------------------------------------------------------
     def _watch(self):
-        MPI, comm = self._MPI, self._comm
-        import numpy as np
-        inbox, outbox = np.zeros(1, dtype=np.intc), np.ones(1, dtype=np.intc)
-        sends, last_told, warned = [], 0.0, False
+        last_told, warned = 0.0, False
         poll = min(0.5, self._stall_timeout / 4)
         while not self._stop.wait(poll):
             now = time.monotonic()
-            try:
-                while comm.Iprobe(MPI.ANY_SOURCE, _WAITING_TAG):
-                    comm.Recv(inbox, MPI.ANY_SOURCE, _WAITING_TAG)
-                    self._peer_waiting = now
-                sends = [r for r in sends if not _done(r)]
-                if (self._in_collective and now - self._entered > min(1.0, self._stall_timeout / 2)
-                        and now - last_told >= min(1.0, self._stall_timeout / 3)):
-                    last_told = now
-                    for peer in range(comm.size):
-                        if peer != comm.rank:
-                            sends.append(comm.Isend(outbox, peer, _WAITING_TAG))
-            except MPI.Exception:
-                pass  # a dead peer; the main thread deals with failures
+            if (self._in_collective and now - self._entered > min(1.0, self._stall_timeout / 2)
+                    and now - last_told >= min(1.0, self._stall_timeout / 3)):
+                last_told = now
+                self._board.say_waiting()
             idle = now - self._last_progress
             if self._in_collective or idle <= self._stall_timeout:
                 warned = False
                 continue
             who = _who()
-            if now - self._peer_waiting < 3 * poll + 1.0:
+            if self._board.others_waited_within(3 * poll + 1.0):
                 print(f"elastic_hvd: {who} made no progress (no collective, no "
                       f"heartbeat.progress()) for {idle:.1f}s > stall timeout "
                       f"{self._stall_timeout:g}s while other ranks wait for it: assuming it "
@@ -272,16 +316,11 @@ class Heartbeat:
         if self._watchdog is not None and self._watchdog.is_alive() \
                 and threading.current_thread() is not self._watchdog:
             self._watchdog.join()
+        if self._watchdog is not None:
+            self._board.leave()
         self._progress.stop()
         if _instance is self:
             _instance = None
-
-
-def _done(request):
-    try:
-        return request.Test()
-    except Exception:
-        return True
 
 
 def _who():

@@ -103,7 +103,7 @@ def init(comm=None, *, min_np=None, mismatch_timeout=None, stall_timeout=None,
             base = MPI.COMM_SELF
     heartbeat = Heartbeat(MPI, settings.heartbeat_period,
                           settings.stall_timeout if stall_timeout is None else stall_timeout,
-                          comm=base)
+                          board=settings.waiting_board)
     _current = ResilientComm(
         MPI, base,
         min_np=settings.min_np if min_np is None else int(min_np),
