@@ -355,6 +355,10 @@ def exit_status(code, outcomes):
 def launch(args, cmd, settings):
     """Run the job once: ``(exit status, the line saying why or None, the host whose
     daemon the runtime lost or None)``."""
+    # mpirun's session directory: a process of the job that outlives mpirun (one the
+    # launcher ended it for, see end_when_members_done) may still write there while it
+    # is removed; that must not turn the job's exit status into a traceback, and a
+    # leftover under this private name can meet no later mpirun (session_dir_args).
     with tempfile.TemporaryDirectory(prefix="elastic_hvd") as status_dir, \
             tempfile.TemporaryDirectory(prefix="elastic_hvd-mpi",
                                         ignore_cleanup_errors=True) as session_base:
