@@ -254,9 +254,7 @@ class ResilientComm(CollectivesMixin):
                 if pre & _POST or not pre & _PRE:
                     self._mismatch(signature)
                     continue
-                signatures = self.run(None, lambda c: c.allgather(signature))
-                if any(s != signature for s in signatures):
-                    self._differ(signature, signatures)
+                if not self._same_calls(signature):
                     continue
                 comm = self._comm  # the exchange may have repaired it
             flag, result, error = self._attempt(comm, attempt)
@@ -634,9 +632,7 @@ class ResilientComm(CollectivesMixin):
         :class:`LeftEarly` and exit, and the others return to retry their call, in
         which the leavers are found gone like any lost rank."""
         self.repair()  # drop whatever a mismatched transfer left
-        signatures = self.run(None, lambda c: c.allgather(signature))
-        if any(s != signature for s in signatures):
-            self._differ(signature, signatures)
+        if not self._same_calls(signature):
             return
         # Every rank called the same collective, yet the agreement said otherwise:
         # predictions are equal on every rank by construction (see .signature).
@@ -644,7 +640,13 @@ class ResilientComm(CollectivesMixin):
                       signature=signature)
         self._predictor.load_state(self.run(None, lambda c: c.bcast(self._predictor.state())))
 
-    def _differ(self, signature, signatures):
+    def _same_calls(self, signature):
+        """Whether every rank called ``signature`` (compared exactly, all ranks' in
+        full).  If not: MismatchError on every rank, or, when some ranks are leaving,
+        :class:`LeftEarly` on those and False on the others, which retry their call."""
+        signatures = self.run(None, lambda c: c.allgather(signature))
+        if all(s == signature for s in signatures):
+            return True
         leaving = [s == LEAVE for s in signatures]
         if not any(leaving) or all(leaving):
             # Each rank's op name is said, not compared: Horovod lets ranks name a call alike
@@ -652,6 +654,7 @@ class ResilientComm(CollectivesMixin):
             raise MismatchError(signatures, self.run(None, lambda c: c.allgather(self.label)))
         if signature == LEAVE:
             raise LeftEarly(sum(leaving), len(signatures))
+        return False
 
     def leave(self):
         """The last collective of a process that is done (``atexit``).

@@ -5,6 +5,7 @@ outcome of each collective is agreed on), so a script can handle them without
 fearing that another rank went on without it.
 """
 
+from .ops import ReduceOp
 
 #: Why only the global process set exists (the message of every refusal).
 NO_PROCESS_SETS = (
@@ -12,13 +13,6 @@ NO_PROCESS_SETS = (
     "elastic_hvd: every set would need its own resilient communicator, re-derived from "
     "the repaired global one after each loss, and its own agreement on every collective; "
     "use the global process set (leave process_set= out)")
-
-#: Why Adasum is refused.
-NO_ADASUM = (
-    "op=Adasum is not supported by elastic_hvd: Adasum is its own algorithm (a recursive "
-    "pairwise exchange, not an allreduce) that the resilient core does not implement, and "
-    "its pairing needs a power-of-2 number of ranks, which a loss breaks; use op=Average "
-    "or op=Sum")
 
 
 class ElasticHvdError(RuntimeError):
@@ -109,7 +103,6 @@ def _labelled(signature):
         if field == "dtype":
             texts[field] = _dtype_name(value)
         elif field == "op":
-            from .ops import ReduceOp  # ops imports this module
             texts[field] = ReduceOp(value).name.title()
         elif field == "splits":
             texts[field] = "none" if value else "given"

@@ -234,10 +234,14 @@ class Heartbeat:
 
     ``board``: the directory where the watchdog says that this process waits, and
     hears that others do (``ELASTIC_HVD_WAITING_BOARD``; see :class:`WaitingBoard`).
+    ``who``: what the watchdog's lines call this process ("rank R ..."), asked when it
+    speaks; its owner knows the rank, the heartbeat does not.
     """
 
-    def __init__(self, MPI, period, stall_timeout=0.0, board=None):
+    def __init__(self, MPI, period, stall_timeout=0.0, board=None,
+                 who=lambda: f"process {os.getpid()}"):
         global _instance
+        self._who = who
         self._stall_timeout = float(stall_timeout or 0.0)
         self._last_progress = time.monotonic()
         self._in_collective = 0
@@ -293,7 +297,7 @@ class Heartbeat:
             if self._in_collective or idle <= self._stall_timeout:
                 warned = False
                 continue
-            who = _who()
+            who = self._who()
             if self._board.others_waited_within(3 * poll + 1.0):
                 print(f"elastic_hvd: {who} made no progress (no collective, no "
                       f"heartbeat.progress()) for {idle:.1f}s > stall timeout "
@@ -322,14 +326,3 @@ class Heartbeat:
         if _instance is self:
             _instance = None
 
-
-def _who():
-    """'rank R (original rank I, pid P)' as far as known."""
-    try:
-        from . import runtime
-        comm = runtime._current
-        if comm is not None:
-            return f"rank {comm.rank} (original rank {comm.original_id}, pid {os.getpid()})"
-    except Exception:
-        pass
-    return f"process {os.getpid()}"

@@ -2,7 +2,12 @@
 
 import enum
 
-from .errors import NO_ADASUM
+#: Why Adasum is refused.
+NO_ADASUM = (
+    "op=Adasum is not supported by elastic_hvd: Adasum is its own algorithm (a recursive "
+    "pairwise exchange, not an allreduce) that the resilient core does not implement, and "
+    "its pairing needs a power-of-2 number of ranks, which a loss breaks; use op=Average "
+    "or op=Sum")
 
 
 class ReduceOp(enum.IntEnum):

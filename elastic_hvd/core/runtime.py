@@ -103,7 +103,7 @@ def init(comm=None, *, min_np=None, mismatch_timeout=None, stall_timeout=None,
             base = MPI.COMM_SELF
     heartbeat = Heartbeat(MPI, settings.heartbeat_period,
                           settings.stall_timeout if stall_timeout is None else stall_timeout,
-                          board=settings.waiting_board)
+                          board=settings.waiting_board, who=_who)
     _current = ResilientComm(
         MPI, base,
         min_np=settings.min_np if min_np is None else int(min_np),
@@ -128,6 +128,14 @@ def init(comm=None, *, min_np=None, mismatch_timeout=None, stall_timeout=None,
             started = _current
             _session.commits.add(lambda _ids: started.claim_spares())
     return _current
+
+
+def _who():
+    """'rank R (original rank I, pid P)' for the heartbeat's lines; 'process P' before
+    this process has a rank (a spare, a joiner) or after shutdown."""
+    if _current is None or _current.joining:
+        return f"process {os.getpid()}"
+    return f"rank {_current.rank} (original rank {_current.original_id}, pid {os.getpid()})"
 
 
 def _crash_after(report):

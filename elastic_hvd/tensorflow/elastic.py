@@ -20,8 +20,9 @@ import functools
 
 from ..core import runtime
 from ..growth_policy import GrowthPolicy
-from . import (HorovodInternalError, broadcast_object, broadcast_object_fn,  # noqa: F401
-               broadcast_variables, init, rank, shutdown)
+from ..basics import init, rank, shutdown  # noqa: F401 (hvd.elastic.*, as Horovod's)
+from .collectives import (HorovodInternalError, broadcast_object,  # noqa: F401
+                          broadcast_object_fn, broadcast_variables)
 from .training_state import TrainingState
 
 _policy = None

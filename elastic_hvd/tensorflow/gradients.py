@@ -10,7 +10,8 @@ import tensorflow as tf
 
 from . import ops
 from .compression import Compression
-from .ops import Average, Sum, global_process_set
+from ..core.ops import Average, Sum
+from .ops import global_process_set
 
 
 class GradientReducer:

@@ -16,14 +16,11 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from ..core import ElasticHvdError, ReduceOp, config, runtime
-from ..core.collectives import even_splits
-from ..core.errors import NO_ADASUM, NO_PROCESS_SETS
+from ..core import ElasticHvdError, config, runtime
+from ..core.errors import NO_PROCESS_SETS
+from ..core.ops import Average, Max, Min, Product, Sum, check_op
 from . import ordering, timeline
 from .errors import for_tensorflow
-
-Average, Sum, Adasum, Min, Max, Product = (
-    ReduceOp.AVERAGE, ReduceOp.SUM, ReduceOp.ADASUM, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT)
 
 class ProcessSet:
     """A set of ranks.  Only the global set (all live ranks) is supported."""
@@ -78,10 +75,7 @@ def _resolve_op(op, average, default=Average):
         raise ValueError("give either op= or the deprecated average=, not both")
     if op is None:
         op = default if average is None else (Average if average else Sum)
-    op = ReduceOp(op)
-    if op is Adasum:
-        raise NotImplementedError(NO_ADASUM)
-    return op
+    return check_op(op)
 
 
 def _to_tensor(array, dtype):
@@ -539,8 +533,3 @@ def _grouped_reducescatter(tensors, op, prescale_factor, postscale_factor, name)
         return ys, grad
 
     return list(scatter(*tensors))
-
-
-def even_rows(rows, parts):
-    """Rows of each rank's block in a reducescatter (lower ranks get the extra rows)."""
-    return even_splits(rows, parts)

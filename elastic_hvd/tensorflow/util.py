@@ -7,7 +7,8 @@ AttributeError that names it as a Horovod internal elastic_hvd does not provide.
 import tensorflow as tf
 
 from ..horovod_alias import not_provided
-from .ops import Average, _resolve_op
+from ..core.ops import Average
+from .ops import _resolve_op
 
 __getattr__ = not_provided("horovod.tensorflow.util")
 

@@ -9,6 +9,7 @@ import tensorflow as tf  # noqa: E402
 
 import report  # noqa: E402
 import elastic_hvd.tensorflow as hvd  # noqa: E402
+from elastic_hvd.core.collectives import even_splits  # noqa: E402
 
 DTYPES = [tf.float16, tf.float32, tf.float64, tf.int32, tf.int64]
 OPS = {"Sum": hvd.Sum, "Average": hvd.Average, "Min": hvd.Min, "Max": hvd.Max,
@@ -65,8 +66,8 @@ def main():
                       np.array_equal(got.numpy(), inputs[root]))
             rows = [data(r, dtype, (2 * n + 1, 2)) for r in range(n)]
             got = wrap(lambda x: hvd.reducescatter(x, op=hvd.Sum))(tf.constant(rows[me]))
-            start = sum(hvd._ops.even_rows(2 * n + 1, n)[:me])
-            want = reference(rows, "Sum")[start:start + hvd._ops.even_rows(2 * n + 1, n)[me]]
+            start = sum(even_splits(2 * n + 1, n)[:me])
+            want = reference(rows, "Sum")[start:start + even_splits(2 * n + 1, n)[me]]
             check(f"{mode} reducescatter {dtype.name}", close(got, want))
         splits = [(me + j) % 3 for j in range(n)]
         send = np.concatenate([np.full((s, 2), [me, j])

@@ -56,10 +56,6 @@ def PartialDistributedOptimizer(optimizer, name=None, device_dense="", device_sp
     return wrapped
 
 
-def _value(x):
-    return x.numpy() if hasattr(x, "numpy") else x
-
-
 def allreduce(value, name=None, average=None, prescale_factor=1.0, postscale_factor=1.0,
               op=None, compression=Compression.none, process_set=global_process_set):
     """:func:`elastic_hvd.tensorflow.allreduce` of ``value`` (anything a tensor can be

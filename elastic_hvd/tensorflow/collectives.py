@@ -1,0 +1,244 @@
+"""Horovod's collective functions on TensorFlow tensors (``hvd.allreduce``,
+``hvd.broadcast_variables``, ...), each a thin shell over :mod:`.ops`: argument
+checks and Horovod's conventions here, the op and its gradient there.
+"""
+
+import time
+
+import numpy as np
+import tensorflow as tf
+
+from ..core import runtime
+from ..core.errors import RanksBelowMinimumError
+from ..core.ops import Average, Sum
+from . import ops as _ops
+from .compression import Compression
+from .ops import global_process_set
+
+#: Raised by Horovod when a collective fails; here failures are survived, and the
+#: one that ends training (too few ranks left) is raised on every rank.
+HorovodInternalError = RanksBelowMinimumError
+
+
+def _tensor(value):
+    return value if isinstance(value, (tf.Tensor, tf.Variable, tf.IndexedSlices)) \
+        else tf.convert_to_tensor(value)
+
+
+def allreduce(tensor, average=None, device_dense="", device_sparse="",
+              compression=Compression.none, op=None, prescale_factor=1.0, postscale_factor=1.0,
+              name=None, process_set=global_process_set, ignore_name_scope=False):
+    """Reduce ``tensor`` over all live ranks (default op: Average over the live size)."""
+    _ops._check_process_set(process_set)
+    op = _ops._resolve_op(op, average)
+    tensor = _tensor(tensor)
+    if isinstance(tensor, tf.IndexedSlices):
+        [reduced] = _allreduce_slices([tensor], op, prescale_factor, postscale_factor)
+        return reduced
+    compressed, ctx = compression.compress(tf.convert_to_tensor(tensor))
+    [reduced] = _ops._grouped_allreduce([compressed], op, prescale_factor, postscale_factor,
+                                        name or "HorovodAllreduce")
+    return compression.decompress(reduced, ctx)
+
+
+def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="",
+                      compression=Compression.none, op=None, prescale_factor=1.0,
+                      postscale_factor=1.0, process_set=global_process_set,
+                      ignore_name_scope=False, name=None):
+    """Allreduce a list of tensors in as few fused collectives as possible
+    (``IndexedSlices`` among them gathered, as :func:`allreduce` does)."""
+    _ops._check_process_set(process_set)
+    op = _ops._resolve_op(op, average)
+    tensors = [_tensor(t) for t in tensors]
+    results = [None] * len(tensors)
+    sparse = [i for i, t in enumerate(tensors) if isinstance(t, tf.IndexedSlices)]
+    if sparse:
+        reduced = _allreduce_slices([tensors[i] for i in sparse], op, prescale_factor,
+                                    postscale_factor)
+        for i, r in zip(sparse, reduced):
+            results[i] = r
+    dense = [i for i in range(len(tensors)) if results[i] is None]
+    pairs = [compression.compress(tf.convert_to_tensor(tensors[i])) for i in dense]
+    reduced = _ops._grouped_allreduce([p[0] for p in pairs], op, prescale_factor,
+                                      postscale_factor, name or "HorovodGroupedAllreduce")
+    for i, r, p in zip(dense, reduced, pairs):
+        results[i] = compression.decompress(r, p[1])
+    return results
+
+
+def _allreduce_slices(slices, op, prescale_factor, postscale_factor):
+    """``IndexedSlices`` reduced as Horovod reduces them: every rank's values and
+    indices gathered, in one op (Average divides the values by the live size);
+    ``dense_shape`` kept as it is, even None.  Like Horovod, only Average and Sum,
+    and no scale factors."""
+    if op not in (Average, Sum):
+        raise NotImplementedError("Only Sum and Average ops are supported with tf.IndexedSlices")
+    if prescale_factor != 1.0 or postscale_factor != 1.0:
+        raise NotImplementedError("Pre/postscale_factor are not supported with tf.IndexedSlices")
+    _, gathered = _ops.reduce_together([], [(s.values, s.indices) for s in slices], op,
+                                       name="HorovodAllgatherSlices")
+    return [tf.IndexedSlices(values, indices, dense_shape=s.dense_shape)
+            for (values, indices), s in zip(gathered, slices)]
+
+
+def allgather(tensor, name=None, ignore_name_scope=False, process_set=global_process_set):
+    """Concatenate every rank's tensor along the first axis (sizes may differ)."""
+    _ops._check_process_set(process_set)
+    return _ops._allgather(tf.convert_to_tensor(tensor), name)
+
+
+def grouped_allgather(tensors, name=None, ignore_name_scope=False,
+                      process_set=global_process_set):
+    """:func:`allgather` of each tensor (one collective each, not fused)."""
+    return [allgather(t, name=name, process_set=process_set) for t in tensors]
+
+
+def broadcast(tensor, root_rank, name=None, ignore_name_scope=False,
+              process_set=global_process_set):
+    """``tensor`` of ``root_rank`` on every rank (lowest survivor if the root died)."""
+    _ops._check_process_set(process_set)
+    return _ops._broadcast(tf.convert_to_tensor(tensor), root_rank, name)
+
+
+def broadcast_(variables, root_rank, name=None, process_set=global_process_set):
+    """Broadcast in place: assign ``root_rank``'s values to ``variables``; returns their
+    values read after the assignment, as Horovod does (returning the variables
+    themselves would leave a graph nothing to fetch that runs the broadcast)."""
+    variables = list(variables)
+    with tf.control_dependencies([broadcast_variables(variables, root_rank,
+                                                      process_set=process_set)]):
+        return [v.read_value() for v in variables]
+
+
+def broadcast_variables(variables, root_rank, process_set=global_process_set, inplace=False):
+    """Assign ``root_rank``'s values to every variable, in one fused broadcast per dtype."""
+    _ops._check_process_set(process_set)
+    variables = list(variables)
+    if not variables:
+        return tf.group()
+
+    def fn(*arrays):
+        comm = runtime.current("broadcast_variables")
+        out = [None] * len(arrays)
+        by_dtype = {}
+        for i, a in enumerate(arrays):
+            by_dtype.setdefault(a.dtype, []).append(i)
+        for idx in by_dtype.values():
+            flat = comm.broadcast(np.concatenate([arrays[i].reshape(-1) for i in idx]), root_rank,
+                                  shapes=[arrays[i].shape for i in idx])
+            offset = 0
+            for i in idx:
+                out[i] = flat[offset:offset + arrays[i].size].reshape(arrays[i].shape)
+                offset += arrays[i].size
+        return out
+
+    values = _ops._numpy_op("HorovodBroadcastVariables", fn, [v.read_value() if hasattr(
+        v, "read_value") else tf.convert_to_tensor(v) for v in variables],
+        [tf.as_dtype(v.dtype).base_dtype for v in variables], into_variables=True)
+    return tf.group(*[v.assign(tf.reshape(x, v.shape)) for v, x in zip(variables, values)])
+
+
+def broadcast_global_variables(root_rank):
+    """TF1 graphs only (as in Horovod): eager code uses broadcast_variables."""
+    if tf.executing_eagerly():
+        raise RuntimeError("hvd.broadcast_global_variables() does not support eager execution; "
+                           "use hvd.broadcast_variables(model.variables, root_rank)")
+    return broadcast_variables(tf.compat.v1.global_variables(), root_rank)
+
+
+def broadcast_object(obj, root_rank=0, session=None, name=None, process_set=global_process_set):
+    """Any picklable ``obj`` of ``root_rank`` on every rank (lowest survivor's if the
+    root died); ``session`` and ``name`` are ignored."""
+    _ops._check_process_set(process_set)
+    return _ops.raised_as_tensorflow(runtime.current("broadcast_object").broadcast_object, obj,
+                                     root_rank)
+
+
+def broadcast_object_fn(root_rank=0, session=None, name=None, process_set=global_process_set):
+    """A function ``obj -> broadcast_object(obj, root_rank)``."""
+    return lambda obj: broadcast_object(obj, root_rank, process_set=process_set)
+
+
+def allgather_object(obj, session=None, name=None, process_set=global_process_set):
+    """List of every live rank's picklable ``obj``, in rank order."""
+    _ops._check_process_set(process_set)
+    return _ops.raised_as_tensorflow(runtime.current("allgather_object").allgather_object, obj)
+
+
+def alltoall(tensor, splits=None, name=None, ignore_name_scope=False,
+             process_set=global_process_set):
+    """``received``, and ``(received, received_splits)`` when ``splits`` is given (as
+    Horovod returns); rows for ranks that die are dropped."""
+    _ops._check_process_set(process_set)
+    tensor = tf.convert_to_tensor(tensor)
+    name = name or "HorovodAlltoall"
+
+    @tf.custom_gradient
+    def exchange(x):
+        received, rsplits = _ops.alltoall_raw(x, splits, name)
+
+        def grad(dy, _dsplits=None):
+            back, _ = _ops.alltoall_raw(dy, rsplits, name + "_grad")
+            return back
+        return (received, rsplits), grad
+
+    received, rsplits = exchange(tensor)
+    return received if splits is None else (received, rsplits)
+
+
+def reducescatter(tensor, device_dense="", compression=Compression.none, op=Average, name=None,
+                  process_set=global_process_set, ignore_name_scope=False, prescale_factor=1.0,
+                  postscale_factor=1.0):
+    """:func:`grouped_reducescatter` of one tensor."""
+    [out] = grouped_reducescatter([tensor], device_dense, compression, op, process_set,
+                                  prescale_factor, postscale_factor, name=name)
+    return out
+
+
+def grouped_reducescatter(tensors, device_dense="", compression=Compression.none, op=Average,
+                          process_set=global_process_set, prescale_factor=1.0,
+                          postscale_factor=1.0, name=None):
+    """Reduce, then give rank i the i-th block of the first axis (lower ranks get extra rows)."""
+    _ops._check_process_set(process_set)
+    op = _ops._resolve_op(op, None)
+    if op not in (Average, Sum):
+        raise NotImplementedError("reducescatter supports Average and Sum")
+    if not tensors:
+        return []
+    pairs = [compression.compress(tf.convert_to_tensor(t)) for t in tensors]
+    outs = _ops._grouped_reducescatter([p[0] for p in pairs], op, prescale_factor,
+                                       postscale_factor, name or "HorovodReducescatter")
+    return [compression.decompress(o, p[1]) for o, p in zip(outs, pairs)]
+
+
+def barrier(process_set=global_process_set):
+    """Wait until every live rank reaches it (a rank lost meanwhile is not waited for)."""
+    _ops._check_process_set(process_set)
+    _ops.raised_as_tensorflow(runtime.current("barrier").barrier)
+
+
+def join(device=""):
+    """Every rank calls join() when it is done; returns the rank that joined last.
+
+    Unlike Horovod, ranks that have not joined cannot keep running collectives
+    against joined ones: such a collective raises MismatchError on every rank.
+    """
+    comm = runtime.current("join")
+    stamps = _ops.raised_as_tensorflow(comm.allgather_object, time.time())
+    return tf.constant(int(np.argmax(stamps)), dtype=tf.int32)
+
+
+class BroadcastGlobalVariablesHook(tf.compat.v1.train.SessionRunHook):
+    """TF1 ``MonitoredTrainingSession`` hook: broadcast global variables once the session exists."""
+
+    def __init__(self, root_rank, device=""):
+        super().__init__()
+        self.root_rank = root_rank
+        self.bcast_op = None
+
+    def begin(self):
+        if self.bcast_op is None or self.bcast_op.graph != tf.compat.v1.get_default_graph():
+            self.bcast_op = broadcast_global_variables(self.root_rank)
+
+    def after_create_session(self, session, coord):
+        session.run(self.bcast_op)
