@@ -23,10 +23,12 @@ import socket
 import sys
 import threading
 
+from .core import config
+
 #: Environment of the ranks: the keeper's ``host:port``, and the job's secret (hex).
-ADDRESS_ENV, SECRET_ENV = "ELASTIC_HVD_REPLICA", "ELASTIC_HVD_JOB_SECRET"
+ADDRESS_ENV, SECRET_ENV = config.env("replica"), config.env("job_secret")
 #: Set for the ranks by ``elastic-hvd-run``: 0 in the first launch, n in the n-th relaunch.
-LAUNCH_ENV = "ELASTIC_HVD_LAUNCH"
+LAUNCH_ENV = config.env("launch")
 CHALLENGE_BYTES = 32
 TIMEOUT = 30.0
 
@@ -118,17 +120,17 @@ class Keeper:
 
 def configured(environ=os.environ):
     """Whether this process can reach a keeper (it runs under ``elastic-hvd-run``)."""
-    return bool(environ.get(ADDRESS_ENV) and environ.get(SECRET_ENV))
+    return bool(config.read("replica", environ) and config.read("job_secret", environ))
 
 
 def relaunched(environ=os.environ):
     """Whether this job is a relaunch (after a node loss) by ``elastic-hvd-run``."""
-    return int(environ.get(LAUNCH_ENV) or 0) > 0
+    return config.read("launch", environ) > 0
 
 
 def _request(verb, header=None, payload=b"", environ=os.environ):
-    host, _, port = environ[ADDRESS_ENV].rpartition(":")
-    secret = bytes.fromhex(environ[SECRET_ENV])
+    host, _, port = config.read("replica", environ).rpartition(":")
+    secret = bytes.fromhex(config.read("job_secret", environ))
     with socket.create_connection((host, int(port)), timeout=TIMEOUT) as sock:
         challenge = _read_exact(sock, CHALLENGE_BYTES)
         _send_frame(sock, {**(header or {}), "verb": verb,

@@ -55,7 +55,7 @@ EXIT_BELOW_MIN_NP = 3
 
 
 #: The opt-in that lets ``restore()`` unpickle a state file.
-UNPICKLE_ENV = "ELASTIC_HVD_UNPICKLE_CHECKPOINTS"
+UNPICKLE_ENV = config.env("unpickle_checkpoints")
 
 
 def _read_state(path):

@@ -1,6 +1,8 @@
 """Single-process pieces of the core: fault plans, signature prediction, the launcher."""
 
+import ast
 import os
+import re
 import signal
 from pathlib import Path
 
@@ -101,6 +103,25 @@ def test_settings_are_checked_and_named():
 def test_settings_page_lists_every_setting():
     page = open(os.path.join(os.path.dirname(__file__), "..", "docs", "settings.md")).read()
     assert config.table() in page, "docs/settings.md's table differs: paste config.table()"
+    assert config.table(internal=True) in page, \
+        "docs/settings.md's internal table differs: paste config.table(internal=True)"
+
+
+def test_our_environment_variables_are_named_only_in_the_config_table():
+    # Any string in the package that is (or sets, "NAME=") one of our variables, outside
+    # config.py: each must come from config.env(), so that the table names every one.
+    ours = re.compile(r"(ELASTIC_HVD_[A-Z_]+|HOROVOD_FUSION_THRESHOLD)=?")
+    root = Path(__file__).resolve().parent.parent
+    spelled = []
+    for path in [*root.glob("elastic_hvd/**/*.py"), *root.glob("keras_callbacks/*.py")]:
+        if path.name == "config.py" and path.parent.name == "core":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) \
+                    and ours.fullmatch(node.value):
+                spelled.append(f"{path.relative_to(root)}:{node.lineno} {node.value}")
+    assert spelled == []
+    assert {s.env for s in config.SETTINGS} >= {"ELASTIC_HVD_PROGRAM", "ELASTIC_HVD_STATUS_DIR"}
 
 
 def test_launcher_command_uses_our_mpirun_and_ulfm(tmp_path):

@@ -8,7 +8,6 @@ what they do through :func:`effect`; what no layer handles is said as what it me
 for the run.  ``ELASTIC_HVD_ANNOUNCE=0`` turns the lines off.
 """
 
-import os
 import sys
 import time
 
@@ -112,5 +111,5 @@ def stdout_is_terminal():
     stdout is always a pseudo-terminal (Open MPI forwards it through one), wherever
     mpirun's own output goes; ``elastic-hvd-run`` tells its ranks what its own stdout
     is in ``$ELASTIC_HVD_STDOUT_TTY``."""
-    told = os.environ.get("ELASTIC_HVD_STDOUT_TTY")
-    return sys.stdout.isatty() if told is None else told == "1"
+    told = config.read("stdout_tty")
+    return sys.stdout.isatty() if told is None else told

@@ -9,9 +9,11 @@ loaded first) and rejects a bad value with a message naming the variable.
 ``elastic-hvd-run``'s flags set these variables; plain ``mpirun`` users pass
 them with ``-x``.  The README's table is checked against this one by a test.
 
-Not settings (how our own processes talk to each other, never set by users):
-``ELASTIC_HVD_PROGRAM``, ``ELASTIC_HVD_STATUS_DIR``, ``ELASTIC_HVD_JOINER_FAULT``,
-``ELASTIC_HVD_STDOUT_TTY``.
+The table also names the variables by which our own processes talk to each other
+(the launcher to its ranks, a rank to the processes it spawns), marked
+``internal``: never set by users, so not in the users' table, but named here once
+(:func:`env`) and read through here (:func:`read`) like the others.  A test checks
+that no other module spells out one of our variables.
 """
 
 import dataclasses
@@ -26,6 +28,7 @@ class Setting:
     default: object           # None: unset
     minimum: float = None     # inclusive lower bound of a number
     doc: str = ""
+    internal: bool = False    # set by elastic_hvd for its own processes, never by users
 
 
 SETTINGS = (
@@ -90,7 +93,29 @@ SETTINGS = (
             "the new size, what it cost and what it means for the run (0: off)"),
     Setting("faults", "ELASTIC_HVD_FAULTS", str, "", None,
             "fault plan for tests and demos, e.g. rank=2,step=40 (--faults)"),
+    # -- internal ---------------------------------------------------------------------------
+    Setting("status_dir", "ELASTIC_HVD_STATUS_DIR", str, None, None,
+            "directory where each process of an elastic-hvd-run job records how it ended",
+            internal=True),
+    Setting("stdout_tty", "ELASTIC_HVD_STDOUT_TTY", bool, None, None,
+            "whether elastic-hvd-run's own stdout is a terminal (a rank's always is one)",
+            internal=True),
+    Setting("program", "ELASTIC_HVD_PROGRAM", str, None, None,
+            "the program (script or module and its arguments) that a spawned process runs",
+            internal=True),
+    Setting("joiner_fault", "ELASTIC_HVD_JOINER_FAULT", str, None, None,
+            "a fault of the plan for the process being spawned (a signal it sends itself)",
+            internal=True),
+    Setting("replica", "ELASTIC_HVD_REPLICA", str, None, None,
+            "host:port of elastic-hvd-run's copy of the training state", internal=True),
+    Setting("job_secret", "ELASTIC_HVD_JOB_SECRET", str, None, None,
+            "the secret that proves a connection to that copy comes from the job",
+            internal=True),
+    Setting("launch", "ELASTIC_HVD_LAUNCH", int, 0, 0,
+            "how many times elastic-hvd-run relaunched the job after a node loss",
+            internal=True),
 )
+_BY_NAME = {s.name: s for s in SETTINGS}
 
 Config = dataclasses.make_dataclass(
     "Config", [(s.name, object, dataclasses.field(default=s.default)) for s in SETTINGS],
@@ -116,19 +141,31 @@ def _parse(setting, text):
     return value
 
 
+def _value(setting, environ):
+    text = environ.get(setting.env)
+    if text is None:
+        return setting.default
+    try:
+        return _parse(setting, text)
+    except ValueError as exc:
+        raise ValueError(f"{setting.env}={text!r}: {exc} ({setting.doc})") from None
+
+
+def env(name):
+    """The environment variable of the setting ``name``."""
+    return _BY_NAME[name].env
+
+
+def read(name, environ=os.environ):
+    """The setting ``name`` as ``environ`` has it now: for the internal ones, which our
+    own processes set at any time (see :func:`current` for the others)."""
+    return _value(_BY_NAME[name], environ)
+
+
 def from_environ(environ=os.environ):
     """A :class:`Config` from ``environ``; ``ValueError`` naming the variable if a
     value is invalid."""
-    values = {}
-    for setting in SETTINGS:
-        text = environ.get(setting.env)
-        if text is None:
-            continue
-        try:
-            values[setting.name] = _parse(setting, text)
-        except ValueError as exc:
-            raise ValueError(f"{setting.env}={text!r}: {exc} ({setting.doc})") from None
-    config = Config(**values)
+    config = Config(**{s.name: _value(s, environ) for s in SETTINGS})
     if config.spares_wait not in SPARES_WAIT:
         raise ValueError(f"ELASTIC_HVD_SPARES_WAIT={config.spares_wait!r}: expected one of "
                          f"{', '.join(SPARES_WAIT)}")
@@ -154,10 +191,11 @@ def current():
     return _loaded if _loaded is not None else load()
 
 
-def table():
-    """The README's table of settings (a test checks that the README has it)."""
+def table(internal=False):
+    """The table of settings in docs/settings.md (a test checks that the page has it);
+    ``internal=True``: the table of the internal ones."""
     rows = ["| Variable | Type | Default | Meaning |", "|---|---|---|---|"]
-    for s in SETTINGS:
+    for s in (s for s in SETTINGS if s.internal == internal):
         default = "unset" if s.default is None else repr(s.default)
         bound = f", at least {s.minimum:g}" if s.minimum is not None else ""
         rows.append(f"| `{s.env}` | {s.kind.__name__}{bound} | {default} | {s.doc} |")

@@ -48,9 +48,9 @@ import time
 from . import config
 from .errors import FaultInjected
 
-ENV = "ELASTIC_HVD_FAULTS"
+ENV = config.env("faults")
 #: How a spawned process learns the fault planned for it (set by its spawner).
-JOINER_ENV = "ELASTIC_HVD_JOINER_FAULT"
+JOINER_ENV = config.env("joiner_fault")
 
 
 @dataclasses.dataclass(frozen=True)

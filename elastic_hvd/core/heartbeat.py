@@ -50,7 +50,7 @@ import threading
 import time
 from pathlib import Path
 
-from . import mpi_env
+from . import config, mpi_env
 
 _instance = None
 
@@ -189,7 +189,7 @@ class WaitingBoard:
     (a process started without mpirun).
     """
 
-    ENV = "ELASTIC_HVD_WAITING_BOARD"
+    ENV = config.env("waiting_board")
 
     def __init__(self, path):
         self.path = Path(path) if path else None
@@ -203,8 +203,8 @@ class WaitingBoard:
         """The board at ``chosen`` (the setting), else the job's (see above)."""
         if chosen:
             return cls(chosen)
-        if environ.get("ELASTIC_HVD_STATUS_DIR"):
-            return cls(Path(environ["ELASTIC_HVD_STATUS_DIR"]) / "waiting")
+        if config.read("status_dir", environ):
+            return cls(Path(config.read("status_dir", environ)) / "waiting")
         return cls(environ.get("PMIX_SERVER_TMPDIR"))
 
     def say_waiting(self):

@@ -92,7 +92,7 @@ def init(comm=None, *, min_np=None, mismatch_timeout=None, stall_timeout=None,
     pool, in_place = (), False
     if settings.spares and _invitation is None:
         if not elastic or comm is not None:
-            raise ValueError(f"ELASTIC_HVD_SPARES={settings.spares}: hot spares need fault "
+            raise ValueError(f"{config.env('spares')}={settings.spares}: hot spares need fault "
                              "tolerance (--with-ft ulfm) and init() on the whole world")
         base, pool, trainers = split_world(MPI, settings.spares)
         in_place = settings.spares_wait == "init" or (

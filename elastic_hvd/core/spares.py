@@ -49,6 +49,7 @@ import time
 
 import numpy as np
 
+from . import config
 from .mpi_env import end_as_crash, retire
 from .spawn import BROKEN_GRACE, MergeCall, connect_all
 
@@ -66,7 +67,7 @@ def split_world(MPI, count):
     world = MPI.COMM_WORLD
     trainers = world.size - count
     if trainers < 1:
-        raise ValueError(f"ELASTIC_HVD_SPARES={count} leaves no training rank among the "
+        raise ValueError(f"{config.env('spares')}={count} leaves no training rank among the "
                          f"{world.size} processes (start -np training ranks + spares)")
     hosts = world.allgather(socket.gethostname())
     spare = world.rank >= trainers

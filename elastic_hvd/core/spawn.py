@@ -37,7 +37,7 @@ def spawn_timeout():
 
 def program_argv():
     """The command line that started this program, for joiners to run it too."""
-    saved = os.environ.get("ELASTIC_HVD_PROGRAM")
+    saved = config.read("program")
     if saved:
         return json.loads(saved)
     argv = list(sys.orig_argv[1:])

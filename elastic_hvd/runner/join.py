@@ -19,7 +19,7 @@ import signal
 import sys
 import threading
 
-from elastic_hvd.core import faults, mpi_env, runtime
+from elastic_hvd.core import config, faults, mpi_env, runtime
 from elastic_hvd.core.growth import leave_unjoined
 from elastic_hvd.core.spawn import connect_all, spawn_timeout
 
@@ -75,7 +75,7 @@ def main():
     program = sys.argv[2:]
     for name, value in environ.items():  # the spawner left out the MPI runtime's own
         os.environ.setdefault(name, value)
-    os.environ["ELASTIC_HVD_PROGRAM"] = json.dumps(program)
+    os.environ[config.env("program")] = json.dumps(program)
 
     # Settings are read from the environment when first used: from here on.
     with start_up_deadline(2 * spawn_timeout() + 10):  # the spawners' wait, and margin

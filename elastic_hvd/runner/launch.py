@@ -128,22 +128,23 @@ def build_command(args, mpirun=None):
     if args.max_np and not (args.host_discovery_script or args.hostfile):
         raise SystemExit("elastic-hvd-run: --max-np needs a host source: "
                          "--host-discovery-script or --hostfile")
-    env = {"ELASTIC_HVD_MIN_NP": args.min_np, "ELASTIC_HVD_HEARTBEAT_PERIOD": args.heartbeat_period,
-           "ELASTIC_HVD_HEARTBEAT_TIMEOUT": args.heartbeat_timeout,
-           "ELASTIC_HVD_STALL_TIMEOUT": args.stall_timeout, "ELASTIC_HVD_FAULTS": args.faults,
-           "ELASTIC_HVD_RESPAWN": 1 if args.respawn else None, "ELASTIC_HVD_SPARES": args.spares,
-           "ELASTIC_HVD_STRICT": 1 if args.strict else None, "ELASTIC_HVD_MAX_NP": args.max_np,
-           "ELASTIC_HVD_HOST_DISCOVERY": args.host_discovery_script and
-           os.path.abspath(args.host_discovery_script),
-           "ELASTIC_HVD_HOSTFILE": args.max_np and args.hostfile and os.path.abspath(args.hostfile),
-           "ELASTIC_HVD_DISCOVERY_INTERVAL": args.discovery_interval,
-           "ELASTIC_HVD_OVERSUBSCRIBE": 1 if oversubscribe else None,
-           # A rank's stdout is a pseudo-terminal under mpirun, wherever ours goes:
-           # progress bars ask this instead (elastic_hvd.core.announce.stdout_is_terminal).
-           "ELASTIC_HVD_STDOUT_TTY": "1" if sys.stdout.isatty() else "0",
-           # TF's C++ INFO lines at import (CPU features, oneDNN), times the ranks,
-           # bury the first useful line; its warnings and errors stay (see .console).
-           "TF_CPP_MIN_LOG_LEVEL": None if tf_logs_wanted(os.environ, args.env) else 1}
+    settings = {
+        "min_np": args.min_np, "heartbeat_period": args.heartbeat_period,
+        "heartbeat_timeout": args.heartbeat_timeout, "stall_timeout": args.stall_timeout,
+        "faults": args.faults, "respawn": 1 if args.respawn else None, "spares": args.spares,
+        "strict": 1 if args.strict else None, "max_np": args.max_np,
+        "host_discovery": args.host_discovery_script and
+        os.path.abspath(args.host_discovery_script),
+        "hostfile": args.max_np and args.hostfile and os.path.abspath(args.hostfile),
+        "discovery_interval": args.discovery_interval,
+        "oversubscribe": 1 if oversubscribe else None,
+        # A rank's stdout is a pseudo-terminal under mpirun, wherever ours goes:
+        # progress bars ask this instead (elastic_hvd.core.announce.stdout_is_terminal).
+        "stdout_tty": "1" if sys.stdout.isatty() else "0"}
+    env = {config.env(name): value for name, value in settings.items()}
+    # TF's C++ INFO lines at import (CPU features, oneDNN), times the ranks,
+    # bury the first useful line; its warnings and errors stay (see .console).
+    env["TF_CPP_MIN_LOG_LEVEL"] = None if tf_logs_wanted(os.environ, args.env) else 1
     for name, value in env.items():
         if value:
             cmd += ["-x", f"{name}={value}"]
@@ -363,7 +364,7 @@ def launch(args, cmd, settings):
             tempfile.TemporaryDirectory(prefix="elastic_hvd-mpi",
                                         ignore_cleanup_errors=True) as session_base:
         cmd = [cmd[0], *session_dir_args(cmd, session_base),
-               "-x", f"ELASTIC_HVD_STATUS_DIR={status_dir}", *cmd[1:]]
+               "-x", f"{config.env('status_dir')}={status_dir}", *cmd[1:]]
         # Members that finished exit within the finalize deadline (runtime._at_exit).
         grace = settings.finalize_deadline + 3
         reporter = reports.Reporter()

@@ -111,7 +111,8 @@ def _ended(path, code):
 def main():
     if len(sys.argv) < 2:
         raise SystemExit("usage: python -m elastic_hvd.runner.program script.py|-m module [args]")
-    directory = os.environ.get("ELASTIC_HVD_STATUS_DIR", "")
+    from elastic_hvd.core import config  # imports the core, without MPI (init() starts it)
+    directory = config.read("status_dir") or ""
     path = os.path.isdir(directory) and os.path.join(  # not on a host that lacks it
         directory, f"{socket.gethostname()}-{os.getpid()}.json")
     if path:

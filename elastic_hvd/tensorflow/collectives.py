@@ -29,14 +29,14 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="",
               compression=Compression.none, op=None, prescale_factor=1.0, postscale_factor=1.0,
               name=None, process_set=global_process_set, ignore_name_scope=False):
     """Reduce ``tensor`` over all live ranks (default op: Average over the live size)."""
-    _ops._check_process_set(process_set)
-    op = _ops._resolve_op(op, average)
+    _ops.check_process_set(process_set)
+    op = _ops.resolve_op(op, average)
     tensor = _tensor(tensor)
     if isinstance(tensor, tf.IndexedSlices):
         [reduced] = _allreduce_slices([tensor], op, prescale_factor, postscale_factor)
         return reduced
     compressed, ctx = compression.compress(tf.convert_to_tensor(tensor))
-    [reduced] = _ops._grouped_allreduce([compressed], op, prescale_factor, postscale_factor,
+    [reduced] = _ops.allreduce_tensors([compressed], op, prescale_factor, postscale_factor,
                                         name or "HorovodAllreduce")
     return compression.decompress(reduced, ctx)
 
@@ -47,8 +47,8 @@ def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="",
                       ignore_name_scope=False, name=None):
     """Allreduce a list of tensors in as few fused collectives as possible
     (``IndexedSlices`` among them gathered, as :func:`allreduce` does)."""
-    _ops._check_process_set(process_set)
-    op = _ops._resolve_op(op, average)
+    _ops.check_process_set(process_set)
+    op = _ops.resolve_op(op, average)
     tensors = [_tensor(t) for t in tensors]
     results = [None] * len(tensors)
     sparse = [i for i, t in enumerate(tensors) if isinstance(t, tf.IndexedSlices)]
@@ -59,7 +59,7 @@ def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="",
             results[i] = r
     dense = [i for i in range(len(tensors)) if results[i] is None]
     pairs = [compression.compress(tf.convert_to_tensor(tensors[i])) for i in dense]
-    reduced = _ops._grouped_allreduce([p[0] for p in pairs], op, prescale_factor,
+    reduced = _ops.allreduce_tensors([p[0] for p in pairs], op, prescale_factor,
                                       postscale_factor, name or "HorovodGroupedAllreduce")
     for i, r, p in zip(dense, reduced, pairs):
         results[i] = compression.decompress(r, p[1])
@@ -83,8 +83,8 @@ def _allreduce_slices(slices, op, prescale_factor, postscale_factor):
 
 def allgather(tensor, name=None, ignore_name_scope=False, process_set=global_process_set):
     """Concatenate every rank's tensor along the first axis (sizes may differ)."""
-    _ops._check_process_set(process_set)
-    return _ops._allgather(tf.convert_to_tensor(tensor), name)
+    _ops.check_process_set(process_set)
+    return _ops.allgather_tensor(tf.convert_to_tensor(tensor), name)
 
 
 def grouped_allgather(tensors, name=None, ignore_name_scope=False,
@@ -96,8 +96,8 @@ def grouped_allgather(tensors, name=None, ignore_name_scope=False,
 def broadcast(tensor, root_rank, name=None, ignore_name_scope=False,
               process_set=global_process_set):
     """``tensor`` of ``root_rank`` on every rank (lowest survivor if the root died)."""
-    _ops._check_process_set(process_set)
-    return _ops._broadcast(tf.convert_to_tensor(tensor), root_rank, name)
+    _ops.check_process_set(process_set)
+    return _ops.broadcast_tensor(tf.convert_to_tensor(tensor), root_rank, name)
 
 
 def broadcast_(variables, root_rank, name=None, process_set=global_process_set):
@@ -112,7 +112,7 @@ def broadcast_(variables, root_rank, name=None, process_set=global_process_set):
 
 def broadcast_variables(variables, root_rank, process_set=global_process_set, inplace=False):
     """Assign ``root_rank``'s values to every variable, in one fused broadcast per dtype."""
-    _ops._check_process_set(process_set)
+    _ops.check_process_set(process_set)
     variables = list(variables)
     if not variables:
         return tf.group()
@@ -132,7 +132,7 @@ def broadcast_variables(variables, root_rank, process_set=global_process_set, in
                 offset += arrays[i].size
         return out
 
-    values = _ops._numpy_op("HorovodBroadcastVariables", fn, [v.read_value() if hasattr(
+    values = _ops.numpy_op("HorovodBroadcastVariables", fn, [v.read_value() if hasattr(
         v, "read_value") else tf.convert_to_tensor(v) for v in variables],
         [tf.as_dtype(v.dtype).base_dtype for v in variables], into_variables=True)
     return tf.group(*[v.assign(tf.reshape(x, v.shape)) for v, x in zip(variables, values)])
@@ -149,7 +149,7 @@ def broadcast_global_variables(root_rank):
 def broadcast_object(obj, root_rank=0, session=None, name=None, process_set=global_process_set):
     """Any picklable ``obj`` of ``root_rank`` on every rank (lowest survivor's if the
     root died); ``session`` and ``name`` are ignored."""
-    _ops._check_process_set(process_set)
+    _ops.check_process_set(process_set)
     return _ops.raised_as_tensorflow(runtime.current("broadcast_object").broadcast_object, obj,
                                      root_rank)
 
@@ -161,7 +161,7 @@ def broadcast_object_fn(root_rank=0, session=None, name=None, process_set=global
 
 def allgather_object(obj, session=None, name=None, process_set=global_process_set):
     """List of every live rank's picklable ``obj``, in rank order."""
-    _ops._check_process_set(process_set)
+    _ops.check_process_set(process_set)
     return _ops.raised_as_tensorflow(runtime.current("allgather_object").allgather_object, obj)
 
 
@@ -169,7 +169,7 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False,
              process_set=global_process_set):
     """``received``, and ``(received, received_splits)`` when ``splits`` is given (as
     Horovod returns); rows for ranks that die are dropped."""
-    _ops._check_process_set(process_set)
+    _ops.check_process_set(process_set)
     tensor = tf.convert_to_tensor(tensor)
     name = name or "HorovodAlltoall"
 
@@ -199,21 +199,21 @@ def grouped_reducescatter(tensors, device_dense="", compression=Compression.none
                           process_set=global_process_set, prescale_factor=1.0,
                           postscale_factor=1.0, name=None):
     """Reduce, then give rank i the i-th block of the first axis (lower ranks get extra rows)."""
-    _ops._check_process_set(process_set)
-    op = _ops._resolve_op(op, None)
+    _ops.check_process_set(process_set)
+    op = _ops.resolve_op(op, None)
     if op not in (Average, Sum):
         raise NotImplementedError("reducescatter supports Average and Sum")
     if not tensors:
         return []
     pairs = [compression.compress(tf.convert_to_tensor(t)) for t in tensors]
-    outs = _ops._grouped_reducescatter([p[0] for p in pairs], op, prescale_factor,
+    outs = _ops.reducescatter_tensors([p[0] for p in pairs], op, prescale_factor,
                                        postscale_factor, name or "HorovodReducescatter")
     return [compression.decompress(o, p[1]) for o, p in zip(outs, pairs)]
 
 
 def barrier(process_set=global_process_set):
     """Wait until every live rank reaches it (a rank lost meanwhile is not waited for)."""
-    _ops._check_process_set(process_set)
+    _ops.check_process_set(process_set)
     _ops.raised_as_tensorflow(runtime.current("barrier").barrier)
 
 

@@ -18,8 +18,8 @@ class GradientReducer:
     def __init__(self, compression=Compression.none, sparse_as_dense=False, op=Average,
                  gradient_predivide_factor=1.0, num_groups=0, groups=None,
                  process_set=global_process_set, scale_local_gradients=True):
-        ops._check_process_set(process_set)
-        self.op = ops._resolve_op(op, None)
+        ops.check_process_set(process_set)
+        self.op = ops.resolve_op(op, None)
         if self.op not in (Average, Sum):
             raise ValueError(f"gradients can be reduced with Average or Sum, not {self.op.name}")
         if gradient_predivide_factor != 1.0 and self.op is not Average:

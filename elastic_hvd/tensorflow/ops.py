@@ -59,7 +59,7 @@ def remove_process_set(process_set):
     raise NotImplementedError(NO_PROCESS_SETS)
 
 
-def _check_process_set(process_set):
+def check_process_set(process_set):
     if process_set is not global_process_set and getattr(process_set, "ranks", None) is not None:
         raise NotImplementedError(f"{process_set!r}: {NO_PROCESS_SETS}")
 
@@ -68,7 +68,7 @@ def _comm():
     return runtime.current("a collective")
 
 
-def _resolve_op(op, average, default=Average):
+def resolve_op(op, average, default=Average):
     """The ReduceOp meant by ``op=`` or the deprecated ``average=`` (``default`` if
     neither); Adasum raises NotImplementedError."""
     if op is not None and average is not None:
@@ -107,7 +107,7 @@ def raised_as_tensorflow(fn, *args):
         raise for_tensorflow(exc).with_traceback(None) from None
 
 
-def _numpy_op(name, fn, inputs, tout, collective=True, into_variables=False):
+def numpy_op(name, fn, inputs, tout, collective=True, into_variables=False):
     """Run ``fn`` (numpy in, numpy out) as a stateful op, traced in the timeline; in a
     TF1 graph, a ``collective`` is ordered after the graph's earlier ones, and none
     after one ``into_variables`` (a broadcast whose results only go into variables),
@@ -316,7 +316,7 @@ def reduce_together(groups, sparse, op, prescale_factor=1.0, postscale_factor=1.
     if op == Average:
         for k in range(len(dense), len(inputs), 2):
             touts[k] = _true_division_dtype(touts[k])
-    outputs = _numpy_op(name, fn, inputs, touts)
+    outputs = numpy_op(name, fn, inputs, touts)
     for out, inp in zip(outputs, dense):
         out.set_shape(inp.shape)
     reduced, per_group, start = outputs[:len(dense)], [], 0
@@ -354,14 +354,14 @@ def _grouped_allreduce_raw(tensors, op, prescale_factor, postscale_factor, name)
     def fn(*arrays):
         return fused_allreduce(list(arrays), op, prescale_factor, postscale_factor)
 
-    outputs = _numpy_op(name or "HorovodGroupedAllreduce", fn, tensors,
+    outputs = numpy_op(name or "HorovodGroupedAllreduce", fn, tensors,
                         [t.dtype for t in tensors])
     for out, inp in zip(outputs, tensors):
         out.set_shape(inp.shape)
     return outputs
 
 
-def _grouped_allreduce(tensors, op, prescale_factor=1.0, postscale_factor=1.0, name=None):
+def allreduce_tensors(tensors, op, prescale_factor=1.0, postscale_factor=1.0, name=None):
     """Differentiable grouped allreduce: the gradient is the same allreduce of the gradients."""
     if not tensors:
         return []
@@ -389,12 +389,12 @@ def _allgather_raw(tensor, name):
         gathered, rows = comm.allgather(x, return_counts=True)
         return gathered, rows[:comm.rank].sum()
 
-    gathered, start = _numpy_op(name, fn, [tensor], [tensor.dtype, tf.int64])
+    gathered, start = numpy_op(name, fn, [tensor], [tensor.dtype, tf.int64])
     gathered.set_shape(tf.TensorShape([None]).concatenate(tensor.shape[1:]))
     return gathered, start
 
 
-def _allgather(tensor, name=None):
+def allgather_tensor(tensor, name=None):
     name = name or "HorovodAllgather"
 
     @tf.custom_gradient
@@ -412,7 +412,7 @@ def _allgather(tensor, name=None):
     return gather(tensor)
 
 
-def _broadcast(tensor, root_rank, name=None):
+def broadcast_tensor(tensor, root_rank, name=None):
     name = name or "HorovodBroadcast"
 
     def fn(a):
@@ -423,7 +423,7 @@ def _broadcast(tensor, root_rank, name=None):
 
     @tf.custom_gradient
     def bcast(x):
-        y, was_root = _numpy_op(name, fn, [x], [x.dtype, tf.bool])
+        y, was_root = numpy_op(name, fn, [x], [x.dtype, tf.bool])
         y.set_shape(x.shape)
 
         def grad(dy):
@@ -438,7 +438,7 @@ def _broadcast(tensor, root_rank, name=None):
 
 
 def _scalar_op(name, value):
-    return _numpy_op(name, lambda: np.int32(value()), [], tf.int32, collective=False)
+    return numpy_op(name, lambda: np.int32(value()), [], tf.int32, collective=False)
 
 
 def size_op(process_set_id=0, name=None):
@@ -474,7 +474,7 @@ def alltoall_raw(tensor, splits, name):
         return received, rsplits.astype(np.int32)
 
     splits = tf.zeros([0], tf.int32) if splits is None else tf.cast(splits, tf.int32)
-    out, rsplits = _numpy_op(name, fn, [tensor, splits], [tensor.dtype, tf.int32])
+    out, rsplits = numpy_op(name, fn, [tensor, splits], [tensor.dtype, tf.int32])
     out.set_shape(tf.TensorShape([None]).concatenate(tensor.shape[1:]))
     rsplits.set_shape([None])
     return out, rsplits
@@ -486,7 +486,7 @@ def _reducescatter_raw(tensors, op, prescale_factor, postscale_factor, name):
         return [comm.reducescatter(a, op=op, prescale_factor=prescale_factor,
                                    postscale_factor=postscale_factor) for a in arrays]
 
-    outs = _numpy_op(name, fn, tensors, [t.dtype for t in tensors])
+    outs = numpy_op(name, fn, tensors, [t.dtype for t in tensors])
     for out, t in zip(outs, tensors):
         out.set_shape(tf.TensorShape([None]).concatenate(t.shape[1:]))
     return outs
@@ -511,10 +511,10 @@ def _reducescatter_grad(dys, op, prescale_factor, postscale_factor, name):
 
         return comm.consistent(attempt)
 
-    return _numpy_op(name, fn, dys, [dy.dtype for dy in dys])
+    return numpy_op(name, fn, dys, [dy.dtype for dy in dys])
 
 
-def _grouped_reducescatter(tensors, op, prescale_factor, postscale_factor, name):
+def reducescatter_tensors(tensors, op, prescale_factor, postscale_factor, name):
     """Differentiable (grouped) reducescatter, gradients as Horovod's."""
     prescale_factor, postscale_factor = _attribute(prescale_factor), _attribute(postscale_factor)
     if not _differentiable():

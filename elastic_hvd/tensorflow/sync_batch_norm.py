@@ -26,6 +26,7 @@ import inspect
 
 import tensorflow as tf
 
+from ..core.ops import Sum
 from . import ops as _ops
 
 _BatchNormalization = tf.keras.layers.BatchNormalization
@@ -53,7 +54,7 @@ def sync_moments(inputs, axes, keepdims=False, weights=None, name="HorovodSyncBa
         m2 = tf.reduce_sum(w * tf.math.squared_difference(x, local_mean), axes, keepdims=True)
     n, mean64, m2 = (tf.cast(t, tf.float64) for t in (n, local_mean, m2))
     local = tf.stack([n, n * mean64, m2 + n * tf.square(mean64)])
-    [total] = _ops._grouped_allreduce([local], _ops.Sum, name=name)
+    [total] = _ops.allreduce_tensors([local], Sum, name=name)
     count, total_sum, total_sq = tf.unstack(total)
     mean = tf.math.divide_no_nan(total_sum, count)
     variance = tf.maximum(tf.math.divide_no_nan(total_sq, count) - tf.square(mean), 0.0)

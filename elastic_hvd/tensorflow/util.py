@@ -8,7 +8,7 @@ import tensorflow as tf
 
 from ..horovod_alias import not_provided
 from ..core.ops import Average
-from .ops import _resolve_op
+from .ops import resolve_op
 
 __getattr__ = not_provided("horovod.tensorflow.util")
 
@@ -39,7 +39,7 @@ def _cache(f):
 def handle_average_backwards_compatibility(op, average, default=Average):
     """The reduce op meant by an ``op=``/deprecated ``average=`` pair (``default`` if
     neither); both given raises ValueError, Adasum NotImplementedError."""
-    return _resolve_op(op, average, default)
+    return resolve_op(op, average, default)
 
 
 def vars_to_refs(vars):
