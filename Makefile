@@ -19,9 +19,10 @@ $(VENV)/.installed: pyproject.toml
 
 install: $(VENV)/.installed
 
-# Linter (ruff; settings in pyproject.toml): run first by `make test`.
+# Linter and type checker (ruff, mypy; settings in pyproject.toml): run first by `make test`.
 lint: install
 	$(PY) -m ruff check .
+	$(PY) -m mypy
 
 # Strict mode (ELASTIC_HVD_STRICT): any anomaly of the core ends the job that met it,
 # and so fails its test, instead of being repaired and logged.

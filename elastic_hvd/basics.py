@@ -4,13 +4,17 @@ Every value is read from the *live* communicator, so after a rank is lost
 ``size()`` is the survivors' count and ``rank()`` may have changed.
 """
 
+from typing import Any
+
 from . import growth_policy
 from .core import runtime
+from .core.comm import ResilientComm
 from .core.errors import NO_PROCESS_SETS
 from .core.mpi_env import ft_enabled
 
 
-def init(comm=None, process_sets=None, min_np=None):
+def init(comm: Any = None, process_sets: Any = None,
+         min_np: int | None = None) -> ResilientComm:
     """Start elastic_hvd (idempotent).  ``comm``: mpi4py communicator or list of ranks."""
     if process_sets not in (None, [], ()):
         raise NotImplementedError(f"hvd.init(process_sets=...): {NO_PROCESS_SETS}")
@@ -25,7 +29,7 @@ def init(comm=None, process_sets=None, min_np=None):
     return started
 
 
-def shutdown():
+def shutdown() -> None:
     """Meet the other ranks, then forget the communicator (MPI is finalized at exit).
 
     A rank that shuts down while the others still train leaves the job: they go
@@ -33,21 +37,21 @@ def shutdown():
     runtime.shutdown()
 
 
-def is_initialized():
+def is_initialized() -> bool:
     """True between ``init()`` and ``shutdown()``."""
     return runtime.is_initialized()
 
 
-def _comm(what):
+def _comm(what: str) -> ResilientComm:
     return runtime.current(what)
 
 
-def size():
+def size() -> int:
     """Number of live ranks: it drops when a rank is lost and grows when one joins."""
     return _comm("hvd.size()").size
 
 
-def rank():
+def rank() -> int:
     """This process's rank among the live ranks; survivors are renumbered after a loss,
     so read it again instead of keeping it."""
     return _comm("hvd.rank()").rank
@@ -59,12 +63,12 @@ def _local_peers(comm):
     return [r for r, h in enumerate(hosts) if h == mine], hosts
 
 
-def local_size():
+def local_size() -> int:
     """Number of live ranks on this rank's host."""
     return len(_local_peers(_comm("hvd.local_size()"))[0])
 
 
-def local_rank():
+def local_rank() -> int:
     """This rank's position among the live ranks on its host (in rank order)."""
     comm = _comm("hvd.local_rank()")
     return _local_peers(comm)[0].index(comm.rank)
@@ -76,14 +80,14 @@ def _local_ranks(comm):
     return [hosts[:r].count(h) for r, h in enumerate(hosts)]
 
 
-def cross_size():
+def cross_size() -> int:
     """Number of ranks that share this rank's local rank (one per host, as in Horovod)."""
     comm = _comm("hvd.cross_size()")
     local = _local_ranks(comm)
     return local.count(local[comm.rank])
 
 
-def cross_rank():
+def cross_rank() -> int:
     """This rank's position among the live ranks with its local rank (one per host,
     in rank order), as in Horovod."""
     comm = _comm("hvd.cross_rank()")
@@ -91,14 +95,14 @@ def cross_rank():
     return [r for r, lr in enumerate(local) if lr == local[comm.rank]].index(comm.rank)
 
 
-def is_homogeneous():
+def is_homogeneous() -> bool:
     """Whether every host runs the same number of live ranks (a loss can change it)."""
     comm = _comm("hvd.is_homogeneous()")
     hosts = comm.hosts()
     return len({hosts.count(h) for h in hosts}) == 1
 
 
-def mpi_threads_supported():
+def mpi_threads_supported() -> bool:
     """Whether MPI runs with ``MPI_THREAD_MULTIPLE``: always True once ``init()``
     succeeded, which requires it (its heartbeat and spawn threads call MPI)."""
     MPI = _comm("hvd.mpi_threads_supported()").MPI
@@ -106,52 +110,52 @@ def mpi_threads_supported():
 
 
 # What this build has, answered truthfully.
-def mpi_built():
+def mpi_built() -> bool:
     """True: every collective goes through MPI (mpi4py); see :func:`elastic_enabled` for ULFM."""
     return True
 
 
-def mpi_enabled():
+def mpi_enabled() -> bool:
     """True: MPI is elastic_hvd's only transport."""
     return True
 
 
-def gloo_built():
+def gloo_built() -> bool:
     """False: no Gloo; elasticity comes from MPI ULFM, not from Gloo as in Horovod."""
     return False
 
 
-def gloo_enabled():
+def gloo_enabled() -> bool:
     """False: no Gloo (see :func:`gloo_built`)."""
     return False
 
 
-def nccl_built():
+def nccl_built() -> bool:
     """False: no NCCL; collectives run through MPI on host memory."""
     return False
 
 
-def ddl_built():
+def ddl_built() -> bool:
     """False: no IBM DDL."""
     return False
 
 
-def ccl_built():
+def ccl_built() -> bool:
     """False: no oneCCL."""
     return False
 
 
-def cuda_built():
+def cuda_built() -> bool:
     """False: collectives never run on GPU memory (GPU tensors go through the host)."""
     return False
 
 
-def rocm_built():
+def rocm_built() -> bool:
     """False: collectives never run on GPU memory (GPU tensors go through the host)."""
     return False
 
 
-def elastic_enabled():
+def elastic_enabled() -> bool:
     """True when the job survives rank loss (launched with ULFM fault tolerance)."""
     if runtime.is_initialized():
         return runtime.current().elastic

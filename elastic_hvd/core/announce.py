@@ -16,7 +16,7 @@ from . import config
 #: What the program does about a change, by topic ("data", "lr"): callables
 #: ``event -> text or None``, registered by the layers that do it (see :func:`effect`);
 #: and "when": where training was, in the program's terms (``"epoch 2, step 7"``).
-_effects = {}
+_effects: dict = {}
 
 #: Said of a loss when no layer re-shares the data / rescales the learning rate.
 UNSHARED_DATA = "the lost {whose} data {shards} not trained {until}"
@@ -54,8 +54,8 @@ def describe(event, comm, steps=None):
 
     who = [f"{what} {_ranks(ids)}{where(ids)}"
            for what, ids in (("lost", event.lost), ("gained", event.gained)) if ids]
-    where = _effects["when"](event) if "when" in _effects else None
-    when = f" in {where}" if where else f" after {steps} training steps" if steps else ""
+    place = _effects["when"](event) if "when" in _effects else None
+    when = f" in {place}" if place else f" after {steps} training steps" if steps else ""
     text = f"{' and '.join(who)}{when}: {event.old_size} -> {event.new_size} ranks"
     if event.gained:
         them, they = ("them", "they") if len(event.gained) > 1 else ("it", "it")

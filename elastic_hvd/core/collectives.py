@@ -8,6 +8,8 @@ collectives travel as bytes so that every dtype (float16, bool...) is supported.
 """
 
 import pickle
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
@@ -103,13 +105,22 @@ class CollectivesMixin:
 
     _mpi_ops = None
 
+    if TYPE_CHECKING:  # what ResilientComm provides: the agreed transaction, the members
+        MPI: Any
+
+        def run(self, signature: Any, attempt: Callable[[Any], Any]) -> Any: ...
+
+        @property
+        def ids(self) -> tuple[int, ...]: ...
+
     def _mpi_op(self, op):
         if self._mpi_ops is None:
             type(self)._mpi_ops = mpi_ops(self.MPI)
         return self._mpi_ops[op]
 
-    def allreduce(self, array, op=ReduceOp.SUM, prescale_factor=1.0, postscale_factor=1.0,
-                  out=None, shapes=None):
+    def allreduce(self, array: np.ndarray, op: int = ReduceOp.SUM, prescale_factor: float = 1.0,
+                  postscale_factor: float = 1.0, out: np.ndarray | None = None,
+                  shapes: Sequence[Any] | None = None) -> np.ndarray:
         """Reduce ``array`` over all live ranks; Average divides by the live size.
 
         ``out`` (optional, not aliasing ``array``) receives the result and saves an
@@ -150,7 +161,7 @@ class CollectivesMixin:
             return out
         return result
 
-    def allgather(self, array, return_counts=False):
+    def allgather(self, array: np.ndarray, return_counts: bool = False) -> Any:
         """Concatenate every rank's ``array`` along the first axis (sizes may differ).
 
         With ``return_counts``: ``(result, rows of each rank)``, of the same membership."""
@@ -169,7 +180,8 @@ class CollectivesMixin:
 
         return self.run(signature, attempt)
 
-    def broadcast(self, array, root_rank=0, shapes=None):
+    def broadcast(self, array: np.ndarray, root_rank: int = 0,
+                  shapes: Sequence[Any] | None = None) -> np.ndarray:
         """``array`` of ``root_rank`` on every rank.
 
         If the root dies before the broadcast completes everywhere, the lowest
@@ -193,7 +205,8 @@ class CollectivesMixin:
 
         return self.run(signature, attempt)
 
-    def alltoall(self, array, splits=None):
+    def alltoall(self, array: np.ndarray,
+                 splits: Sequence[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Send ``splits[i]`` consecutive rows of ``array`` to rank ``i``.
 
         Returns ``(received, received_splits)``.  Without ``splits`` the first
@@ -224,7 +237,8 @@ class CollectivesMixin:
 
         return self.run(signature, attempt)
 
-    def reducescatter(self, array, op=ReduceOp.SUM, prescale_factor=1.0, postscale_factor=1.0):
+    def reducescatter(self, array: np.ndarray, op: int = ReduceOp.SUM,
+                      prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> np.ndarray:
         """Reduce ``array`` and give rank ``i`` the ``i``-th block of its first axis.
 
         Blocks follow :func:`even_splits` of the live size (lower ranks get the
@@ -249,10 +263,10 @@ class CollectivesMixin:
         return _finish_reduce(result, x.dtype,
                               postscale_factor / (size if op == ReduceOp.AVERAGE else 1))
 
-    def barrier(self):
+    def barrier(self) -> None:
         self.run(("barrier",), lambda comm: comm.Barrier())
 
-    def broadcast_object(self, obj, root_rank=0):
+    def broadcast_object(self, obj: Any, root_rank: int = 0) -> Any:
         """Any picklable ``obj`` of ``root_rank`` on every rank (root rule as :meth:`broadcast`)."""
         ids = self.ids
 
@@ -269,7 +283,7 @@ class CollectivesMixin:
 
         return self.run(("broadcast_object", int(root_rank)), attempt)
 
-    def allgather_object(self, obj):
+    def allgather_object(self, obj: Any) -> list:
         """List of every rank's picklable ``obj``, in rank order."""
         payload = np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), dtype=np.uint8)
 

@@ -32,6 +32,7 @@ import sys
 import threading
 import time
 import traceback
+from typing import Any, Callable
 
 import numpy as np
 
@@ -136,15 +137,15 @@ class ResilientComm(CollectivesMixin):
 
     # -- membership ---------------------------------------------------------------
     @property
-    def rank(self):
+    def rank(self) -> int:
         return self._comm.rank if self._waiting is None else self._waiting[0]
 
     @property
-    def size(self):
+    def size(self) -> int:
         return self._comm.size if self._waiting is None else self._waiting[1]
 
     @property
-    def ids(self):
+    def ids(self) -> tuple[int, ...]:
         """Original id of each current rank."""
         return tuple(self._ids)
 
@@ -176,7 +177,7 @@ class ResilientComm(CollectivesMixin):
         return self._procs.get(original_id, (None, None))[0]
 
     # -- the transaction ----------------------------------------------------------
-    def run(self, signature, attempt):
+    def run(self, signature: Any, attempt: Callable[[Any], Any]) -> Any:
         """Run ``attempt(mpi_comm) -> result`` as one resilient collective.
 
         Every surviving rank returns the same result (computed by the survivors

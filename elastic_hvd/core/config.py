@@ -18,6 +18,8 @@ that no other module spells out one of our variables.
 
 import dataclasses
 import os
+from collections.abc import Mapping
+from typing import Any
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,7 +28,7 @@ class Setting:
     env: str                  # environment variable
     kind: type                # int, float, bool or str
     default: object           # None: unset
-    minimum: float = None     # inclusive lower bound of a number
+    minimum: float | None = None  # inclusive lower bound of a number
     doc: str = ""
     internal: bool = False    # set by elastic_hvd for its own processes, never by users
 
@@ -127,7 +129,7 @@ SPARES_WAIT = ("auto", "growth", "init")
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off", "")
 
 
-def _parse(setting, text):
+def _parse(setting: Setting, text: str) -> object:
     text = text.strip()
     if setting.kind is bool:
         if text.lower() in _TRUE + _FALSE:
@@ -141,7 +143,7 @@ def _parse(setting, text):
     return value
 
 
-def _value(setting, environ):
+def _value(setting: Setting, environ: Mapping[str, str]) -> object:
     text = environ.get(setting.env)
     if text is None:
         return setting.default
@@ -151,18 +153,18 @@ def _value(setting, environ):
         raise ValueError(f"{setting.env}={text!r}: {exc} ({setting.doc})") from None
 
 
-def env(name):
+def env(name: str) -> str:
     """The environment variable of the setting ``name``."""
     return _BY_NAME[name].env
 
 
-def read(name, environ=os.environ):
+def read(name: str, environ: Mapping[str, str] = os.environ) -> Any:
     """The setting ``name`` as ``environ`` has it now: for the internal ones, which our
     own processes set at any time (see :func:`current` for the others)."""
     return _value(_BY_NAME[name], environ)
 
 
-def from_environ(environ=os.environ):
+def from_environ(environ: Mapping[str, str] = os.environ) -> Any:
     """A :class:`Config` from ``environ``; ``ValueError`` naming the variable if a
     value is invalid."""
     config = Config(**{s.name: _value(s, environ) for s in SETTINGS})
@@ -179,19 +181,19 @@ def from_environ(environ=os.environ):
 _loaded = None
 
 
-def load(environ=os.environ):
+def load(environ: Mapping[str, str] = os.environ) -> Any:
     """Read (again) and check every setting; ``init()`` calls it."""
     global _loaded
     _loaded = from_environ(environ)
     return _loaded
 
 
-def current():
+def current() -> Any:
     """The settings as last loaded (loaded now if never)."""
     return _loaded if _loaded is not None else load()
 
 
-def table(internal=False):
+def table(internal: bool = False) -> str:
     """The table of settings in docs/settings.md (a test checks that the page has it);
     ``internal=True``: the table of the internal ones."""
     rows = ["| Variable | Type | Default | Meaning |", "|---|---|---|---|"]

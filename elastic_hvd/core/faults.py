@@ -55,13 +55,13 @@ JOINER_ENV = config.env("joiner_fault")
 
 @dataclasses.dataclass(frozen=True)
 class Fault:
-    rank: int = None
-    joiner: int = None
-    coll: int = None
-    step: int = None
-    spawn: int = None
-    handover: int = None
-    repair: int = None
+    rank: int | None = None
+    joiner: int | None = None
+    coll: int | None = None
+    step: int | None = None
+    spawn: int | None = None
+    handover: int | None = None
+    repair: int | None = None
     signal: str = "KILL"
     delay: float = 0.0
     phase: str = "before"

@@ -94,7 +94,7 @@ def ulfm_compiled(MPI):
     return True
 
 
-_retired = []
+_retired: list = []
 
 
 def end_as_crash(why):

@@ -1,6 +1,7 @@
 """Reduction operations, numbered as Horovod numbers them."""
 
 import enum
+from typing import Any
 
 #: Why Adasum is refused.
 NO_ADASUM = (
@@ -26,13 +27,13 @@ Average, Sum, Adasum, Min, Max, Product = (
     ReduceOp.AVERAGE, ReduceOp.SUM, ReduceOp.ADASUM, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT)
 
 
-def mpi_ops(MPI):
+def mpi_ops(MPI: Any) -> dict[ReduceOp, Any]:
     """{ReduceOp: MPI.Op} (Average is a Sum followed by a division; no Adasum)."""
     return {ReduceOp.AVERAGE: MPI.SUM, ReduceOp.SUM: MPI.SUM, ReduceOp.MIN: MPI.MIN,
             ReduceOp.MAX: MPI.MAX, ReduceOp.PRODUCT: MPI.PROD}
 
 
-def check_op(op):
+def check_op(op: int) -> ReduceOp:
     """``op`` as a ReduceOp; a clear error for Adasum, which is not supported."""
     op = ReduceOp(op)
     if op is ReduceOp.ADASUM:

@@ -4,6 +4,7 @@ import atexit
 import os
 import signal
 import sys
+from typing import Any, Callable, NoReturn
 
 from . import announce, config, faults
 from .comm import LeftEarly, ResilientComm
@@ -16,8 +17,8 @@ from .mpi_env import (CONNECTED_FINALIZE_DEADLINE, finalize, ft_enabled, load_mp
 from .session import Session
 from .spares import SpareInvitation, split_world
 
-_current = None
-_session = None
+_current: ResilientComm | None = None
+_session: Session | None = None
 _invitation = None
 
 NOT_ELASTIC_WARNING = (
@@ -40,8 +41,9 @@ def set_parent(MPI, merged):
     _invitation = Invitation(MPI, merged)
 
 
-def init(comm=None, *, min_np=None, mismatch_timeout=None, stall_timeout=None,
-         has_growth_point=None):
+def init(comm: Any = None, *, min_np: int | None = None,
+         mismatch_timeout: float | None = None, stall_timeout: float | None = None,
+         has_growth_point: Callable[[], bool] | None = None) -> ResilientComm:
     """Create the resilient communicator (idempotent).
 
     ``comm``: an mpi4py communicator, or a list of ``COMM_WORLD`` ranks (as Horovod
@@ -254,7 +256,7 @@ _on_strict_abort = None
 _say_when_raising = True
 
 
-def leave_raising_to_launcher():
+def leave_raising_to_launcher() -> None:
     """A rank that stops on an uncaught exception says nothing itself: ``elastic-hvd-run``'s
     wrapper records the exception and the launcher reports it, once for the whole job
     (every rank may raise the same)."""
@@ -262,7 +264,7 @@ def leave_raising_to_launcher():
     _say_when_raising = False
 
 
-def when_strict_abort(hook):
+def when_strict_abort(hook: Callable[[int], None]) -> None:
     """Call ``hook(status)`` just before strict mode aborts the job on an anomaly:
     ``elastic-hvd-run``'s wrapper records it and the launcher ends the whole job,
     which ``MPI_Abort`` in a process spawned into the job does not do (it ends only
@@ -271,7 +273,7 @@ def when_strict_abort(hook):
     _on_strict_abort = hook
 
 
-def when_leaving_early(hook):
+def when_leaving_early(hook: Callable[[], None]) -> None:
     """Call ``hook()`` if this process then leaves while other ranks go on training
     (see ``ResilientComm.leave``), just before it exits: ``elastic-hvd-run``'s
     wrapper records then that this rank did not complete the job -- its status
@@ -280,39 +282,40 @@ def when_leaving_early(hook):
     _on_leaving_early = hook
 
 
-def exit_with(status):
+def exit_with(status: int) -> NoReturn:
     """``sys.exit(status)`` that keeps ``status`` even if MPI_Finalize then has to be
     cut short (see ``_at_exit``): atexit handlers cannot see SystemExit's code."""
     set_exit_status(status)
     sys.exit(status)
 
 
-def set_exit_status(status):
+def set_exit_status(status: int | None) -> None:
     """The status this process exits with if MPI_Finalize is cut short or skipped
     (``elastic-hvd-run``'s wrapper passes the program's ``sys.exit`` code on)."""
     global _exit_status
     _exit_status = status
 
 
-def is_initialized():
+def is_initialized() -> bool:
     """Whether ``init()`` ran and ``shutdown()`` has not since."""
     return _current is not None
 
 
-def current(what="this call"):
+def current(what: str = "this call") -> ResilientComm:
     """The resilient communicator; NotInitializedError before ``init()``."""
     if _current is None:
         raise NotInitializedError(what)
     return _current
 
 
-def session(what="this call"):
+def session(what: str = "this call") -> Session:
     """The training session (:mod:`.session`) of the communicator; exists from ``init()`` on."""
-    current(what)
+    if _session is None:
+        raise NotInitializedError(what)
     return _session
 
 
-def shutdown():
+def shutdown() -> None:
     """Meet the other ranks, then forget the communicator (MPI is finalized at exit)."""
     global _current, _session
     _leave_together()

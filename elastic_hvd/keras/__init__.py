@@ -3,14 +3,16 @@ horovod.keras's own parameter order for the optimizers."""
 
 from ..tensorflow.keras import *  # noqa: F401,F403
 from ..tensorflow.keras import Adasum, load_model  # noqa: F401
-from . import callbacks, elastic  # noqa: F401
+# Below, horovod.keras's own modules and optimizers replace the names the * import gave.
+from . import callbacks, elastic  # type: ignore[no-redef]  # noqa: F401
 from ..tensorflow.keras import DistributedOptimizer as _DistributedOptimizer
 from ..tensorflow.keras import PartialDistributedOptimizer as _PartialDistributedOptimizer
 from ..tensorflow.ops import Average, global_process_set
 from ..tensorflow.compression import Compression
 
 
-def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="",
+def DistributedOptimizer(optimizer, name=None, device_dense="",  # type: ignore[no-redef]
+                         device_sparse="",
                          compression=Compression.none, sparse_as_dense=False,
                          gradient_predivide_factor=1.0, op=Average, num_groups=0, groups=None,
                          process_set=global_process_set, scale_local_gradients=True):
@@ -22,7 +24,8 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
                                  scale_local_gradients=scale_local_gradients)
 
 
-def PartialDistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="",
+def PartialDistributedOptimizer(optimizer, name=None,  # type: ignore[no-redef]
+                                device_dense="", device_sparse="",
                                 compression=Compression.none, sparse_as_dense=False,
                                 gradient_predivide_factor=1.0, op=Average, groups=None,
                                 process_set=global_process_set, local_layers=None,

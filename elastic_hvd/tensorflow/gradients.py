@@ -186,9 +186,13 @@ def _refused_get_gradients(self, loss, params):
     raise _no_averaged_gradients("get_gradients")
 
 
+#: optimizer class -> its subclass made by _distributed_class.
+_DISTRIBUTED_CLASSES: dict = {}
+
+
 def _distributed_class(base):
     """A subclass of ``base`` (same name, module and config) that averages gradients."""
-    cache = _distributed_class.cache
+    cache = _DISTRIBUTED_CLASSES
     if base in cache:
         return cache[base]
     body = {"_hvd_distributed": True, "_hvd_accumulator": None,
@@ -236,9 +240,6 @@ def _distributed_class(base):
     cls.__module__, cls.__qualname__ = base.__module__, base.__qualname__
     cache[base] = cls
     return cls
-
-
-_distributed_class.cache = {}
 
 
 def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="",

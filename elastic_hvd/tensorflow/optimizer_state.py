@@ -52,7 +52,7 @@ def _set_momentum(optimizer, value):
 
 
 #: optimizer -> its momentum before the corrections of the coming step.
-_uncorrected = weakref.WeakKeyDictionary()
+_uncorrected: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def momentum_correct(optimizer, old_lr, new_lr):

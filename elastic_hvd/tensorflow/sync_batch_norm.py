@@ -64,7 +64,7 @@ def sync_moments(inputs, axes, keepdims=False, weights=None, name="HorovodSyncBa
     return mean, variance
 
 
-class SyncBatchNormalization(_BatchNormalization):
+class SyncBatchNormalization(_BatchNormalization):  # type: ignore[valid-type,misc]  # Keras 3 or 2
     """Synchronous batch normalization: in training, the mean and variance are those of
     the joint batch of all live ranks (see :mod:`elastic_hvd.tensorflow.sync_batch_norm`).
 
@@ -89,13 +89,13 @@ class SyncBatchNormalization(_BatchNormalization):
             weights = None if mask is None else tf.expand_dims(tf.cast(mask, inputs.dtype), -1)
             return sync_moments(inputs, self._reduction_axes, weights=weights)
     else:
-        def _moments(self, inputs, reduction_axes, keep_dims, mask=None):
+        def _moments(self, inputs, reduction_axes, keep_dims, mask=None):  # type: ignore[misc]
             weights = None if mask is None else tf.expand_dims(tf.cast(mask, inputs.dtype), -1)
             return sync_moments(inputs, reduction_axes, keepdims=keep_dims, weights=weights)
 
 
 try:  # saved models name it "elastic_hvd>SyncBatchNormalization"
-    SyncBatchNormalization = tf.keras.utils.register_keras_serializable("elastic_hvd")(
-        SyncBatchNormalization)
+    SyncBatchNormalization = tf.keras.utils.register_keras_serializable(  # type: ignore[misc]
+        "elastic_hvd")(SyncBatchNormalization)
 except (AttributeError, ValueError):  # pragma: no cover - a Keras without the registry
     pass

@@ -15,10 +15,8 @@ from ..optimizer_state import (get_lr, momentum_correct, momentum_restore,
                                optimizer_variables, set_lr)
 from ...common.util import is_version_greater_equal_than  # noqa: F401 (Horovod's module has it)
 
-keras = tf.keras
 
-
-class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
+class BroadcastGlobalVariablesCallback(tf.keras.callbacks.Callback):
     """Broadcast the model's and optimizer's variables from ``root_rank`` once.
 
     It runs at the start of training for what exists then, and again at the end
@@ -63,7 +61,7 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
             replacement.adopt_at_epoch_start(self.model, epoch)
 
 
-class MetricAverageCallback(keras.callbacks.Callback):
+class MetricAverageCallback(tf.keras.callbacks.Callback):
     """Average the epoch's metrics (the ``logs`` dict) over the live ranks."""
 
     def __init__(self, device=""):
@@ -79,7 +77,7 @@ class MetricAverageCallback(keras.callbacks.Callback):
             logs[key] = float(value)
 
 
-class LearningRateScheduleCallback(keras.callbacks.Callback):
+class LearningRateScheduleCallback(tf.keras.callbacks.Callback):
     """lr = initial_lr * multiplier(epoch) between start_epoch and end_epoch.
 
     ``multiplier`` is a constant or a function of the (fractional, unless
@@ -157,7 +155,7 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
                   f"{get_lr(self.model.optimizer):g}.")
 
 
-class BestModelCheckpoint(keras.callbacks.ModelCheckpoint):
+class BestModelCheckpoint(tf.keras.callbacks.ModelCheckpoint):
     """Keep the best model (by ``monitor``), written by the lowest live rank only."""
 
     def __init__(self, monitor="val_loss", verbose=0, save_weights_only=False, mode="auto",
