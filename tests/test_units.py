@@ -3,7 +3,7 @@ host parsing, reduction finishing and fusion packing.
 
 No MPI here.  Where a piece reads a communicator, a small stand-in gives it exactly
 what it reads (ids, sizes, hosts); what happens when real ranks die is the business
-of the multirank tests.  Only the fusion tests import TensorFlow.
+of the multirank tests.  Only the gradient-group test imports TensorFlow.
 """
 
 import os
@@ -13,11 +13,11 @@ import types
 import numpy as np
 import pytest
 
-from elastic_hvd.core import collectives, config, runtime
+from elastic_hvd.core import collectives, config, reducer, runtime
 from elastic_hvd.core.collectives import CollectivesMixin
 from elastic_hvd.growth_policy import GrowthPolicy, parse_hosts, read_hostfile
 from elastic_hvd.core.membership import MembershipEvent
-from elastic_hvd.core.ops import ReduceOp, check_op, mpi_ops
+from elastic_hvd.core.ops import ReduceOp, Sum, check_op, mpi_ops
 from elastic_hvd.runner import relaunch
 from elastic_hvd.core.session import Session
 from elastic_hvd.sharding import ElasticSampler
@@ -446,12 +446,12 @@ def test_broadcast_root_falls_back_to_the_lowest_survivor():
         CollectivesMixin.root_id(now, [0, 1, 2, 3], 4)
 
 
-# -- fusion packing (TensorFlow's module) -------------------------------------------------
+# -- fusion packing (elastic_hvd.core.reducer) and gradient groups ------------------------
 
 
 @pytest.fixture(scope="module")
 def tf_ops():
-    """elastic_hvd.tensorflow.ops: the only tests here that need TensorFlow."""
+    """elastic_hvd.tensorflow.ops: the only test here that needs TensorFlow."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     pytest.importorskip("tensorflow")
     from elastic_hvd.tensorflow import ops
@@ -471,17 +471,11 @@ class _RecordingComm:
         return out
 
 
-@pytest.fixture
-def recording(tf_ops, monkeypatch):
-    comm = _RecordingComm()
-    monkeypatch.setattr(tf_ops, "_comm", lambda: comm)
-    return comm
-
-
-def test_fusion_packs_one_buffer_per_dtype_at_aligned_offsets(tf_ops, recording):
+def test_fusion_packs_one_buffer_per_dtype_at_aligned_offsets():
+    recording = _RecordingComm()
     arrays = [np.arange(3, dtype=np.float32), np.ones((2, 2)),
               np.arange(5, dtype=np.float32).reshape(5, 1)]
-    results = tf_ops.fused_allreduce(arrays, tf_ops.Sum)
+    results = reducer.fused_allreduce(recording, arrays, Sum)
     [fp32, fp64] = recording.sent
     # float32: 64-byte segments of 16 elements, the gap zero-filled.
     assert fp32.dtype == np.float32 and fp32.size == 32
@@ -494,12 +488,12 @@ def test_fusion_packs_one_buffer_per_dtype_at_aligned_offsets(tf_ops, recording)
         assert result.ctypes.data % 64 == 0  # TF may take it without a copy
 
 
-def test_fusion_threshold_cuts_buffers_and_never_splits_an_array(tf_ops, recording,
-                                                                  monkeypatch):
+def test_fusion_threshold_cuts_buffers_and_never_splits_an_array(monkeypatch):
+    recording = _RecordingComm()
     # Two 16-byte arrays fill the threshold exactly (allowed); a third does not fit.
     monkeypatch.setattr(config, "_loaded", config.from_environ({"HOROVOD_FUSION_THRESHOLD": "32"}))
     arrays = [np.full(4, k, dtype=np.float32) for k in range(3)] + [np.ones(25, np.float32)]
-    results = tf_ops.fused_allreduce(arrays, tf_ops.Sum)
+    results = reducer.fused_allreduce(recording, arrays, Sum)
     assert [s.size for s in recording.sent] == [32, 4, 25]  # [a0 pad a1 pad] [a2] [a3: 100 B]
     assert [r.tolist() for r in results[:3]] == [[0.0] * 4, [2.0] * 4, [4.0] * 4]
     assert results[3].tolist() == [2.0] * 25

@@ -198,7 +198,50 @@ class ResilientComm(CollectivesMixin):
                 raise JoinOrderError(signature)
             faults.at_collective()
         with self._in_mpi():
-            return self._run(signature, attempt)
+            while True:
+                started = time.perf_counter()
+                comm = self._comm
+                if signature is not None and (self._verified() or
+                                              not self._predictor.expects(signature)):
+                    wait = LEAVE_TIMEOUT if signature == LEAVE else self.mismatch_timeout
+                    pre = self._agree(comm, _OK | _CLEAN | _PRE, wait)
+                    if pre is None:
+                        self.repair(started)
+                        continue
+                    if pre & _POST or not pre & _PRE:
+                        self._mismatch(signature)
+                        continue
+                    if not self._same_calls(signature):
+                        continue
+                    comm = self._comm  # the exchange may have repaired it
+                try:
+                    flag, result, error = _OK | _CLEAN, attempt(comm), None
+                except self.MPI.Exception as exc:
+                    # Errors on a communicator that another rank revoked are not always
+                    # reported as ERR_REVOKED (alltoall said ERR_OTHER here): count them clean.
+                    clean = exc.Get_error_class() in self._failure_classes or comm.Is_revoked()
+                    self.revoke(comm)
+                    flag, result, error = (_CLEAN if clean else 0), None, exc
+                except Exception as exc:  # a local error must not leave the others blocked
+                    self.revoke(comm)
+                    flag, result, error = 0, None, exc
+                if signature is not None:
+                    faults.after_transfer()
+                agreed = self._agree(comm, flag | _POST)
+                if agreed is None:
+                    self.repair(started)
+                    continue
+                if agreed & _PRE or not agreed & _POST:
+                    self._mismatch(signature)
+                    continue
+                if agreed & _OK:
+                    if signature is not None:
+                        self._predictor.record(signature)
+                    return result
+                if not agreed & _CLEAN:
+                    self._application_error(error if not flag & _CLEAN else None, signature)
+                    continue  # an anomaly (see there): run again, verified
+                self.repair(started)
 
     @contextlib.contextmanager
     def _in_mpi(self):
@@ -240,55 +283,6 @@ class ResilientComm(CollectivesMixin):
             result = attempt()
             if len(self.events) == seen:
                 return result
-
-    def _run(self, signature, attempt):
-        while True:
-            started = time.perf_counter()
-            comm = self._comm
-            if signature is not None and (self._verified() or
-                                          not self._predictor.expects(signature)):
-                pre = self._agree(comm, _OK | _CLEAN | _PRE,
-                                  LEAVE_TIMEOUT if signature == LEAVE else self.mismatch_timeout)
-                if pre is None:
-                    self.repair(started)
-                    continue
-                if pre & _POST or not pre & _PRE:
-                    self._mismatch(signature)
-                    continue
-                if not self._same_calls(signature):
-                    continue
-                comm = self._comm  # the exchange may have repaired it
-            flag, result, error = self._attempt(comm, attempt)
-            if signature is not None:
-                faults.after_transfer()
-            agreed = self._agree(comm, flag | _POST)
-            if agreed is None:
-                self.repair(started)
-                continue
-            if agreed & _PRE or not agreed & _POST:
-                self._mismatch(signature)
-                continue
-            if agreed & _OK:
-                if signature is not None:
-                    self._predictor.record(signature)
-                return result
-            if not agreed & _CLEAN:
-                self._application_error(error if not flag & _CLEAN else None, signature)
-                continue  # an anomaly (see there): run again, verified
-            self.repair(started)
-
-    def _attempt(self, comm, attempt):
-        try:
-            return _OK | _CLEAN, attempt(comm), None
-        except self.MPI.Exception as exc:
-            # Errors on a communicator that another rank revoked are not always
-            # reported as ERR_REVOKED (alltoall said ERR_OTHER here): count them clean.
-            clean = exc.Get_error_class() in self._failure_classes or comm.Is_revoked()
-            self.revoke(comm)
-            return (_CLEAN if clean else 0), None, exc
-        except Exception as exc:  # a local error must not leave the others blocked
-            self.revoke(comm)
-            return 0, None, exc
 
     def _agree(self, comm, flag, timeout=None):
         """Agreed AND of ``flag`` (its 4 outcome bits); None when a process failure

@@ -10,13 +10,14 @@ when it runs, never traced into the graph: a compiled step keeps averaging over
 the survivors after a loss.
 """
 
+import functools
 import sys
 import time
 
 import numpy as np
 import tensorflow as tf
 
-from ..core import ElasticHvdError, config, runtime
+from ..core import ElasticHvdError, reducer, runtime
 from ..core.errors import NO_PROCESS_SETS
 from ..core.ops import Average, Max, Min, Product, Sum, check_op
 from . import ordering, timeline
@@ -111,48 +112,49 @@ def numpy_op(name, fn, inputs, tout, collective=True, into_variables=False):
     """Run ``fn`` (numpy in, numpy out) as a stateful op, traced in the timeline; in a
     TF1 graph, a ``collective`` is ordered after the graph's earlier ones, and none
     after one ``into_variables`` (a broadcast whose results only go into variables),
-    see :mod:`.ordering`."""
+    see :mod:`.ordering`.  Its errors are raised as :func:`raised_as_tensorflow` says;
+    in a graph, a mismatch comes back as a last output, whose error the graph raises."""
+    many = isinstance(tout, (list, tuple))
+    touts = list(tout) if many else [tout]
+    # No graph to order: skip py_func's machinery (its cost per call: docs/measurements.md).
+    in_graph = not tf.executing_eagerly()
+    chained = in_graph and collective and ordering.needed()
+    me = ordering.Collective(into_variables) if chained else None
+    previous = me.predecessor(inputs) if chained else None
+
     def call(*arrays):
         comm = _comm()
         outer, comm.label = comm.label, name
         started = time.perf_counter()
         try:
-            return raised_as_tensorflow(fn, *arrays)
+            if chained:
+                me.ran()
+                with ordering.lock:
+                    result = fn(*arrays)
+            else:
+                result = fn(*arrays)
+        except (ElasticHvdError, ValueError) as exc:
+            error = for_tensorflow(exc)
+            if not (in_graph and isinstance(error, tf.errors.FailedPreconditionError)):
+                raise error.with_traceback(None) from None
+            print(f"elastic_hvd: {type(error).__name__} in {name}: {error}", file=sys.stderr,
+                  flush=True)
+            return [np.zeros(0, t.as_numpy_dtype) for t in touts] + [np.bool_(True)]
         finally:
             comm.label = outer
             timeline.record(name, started, time.perf_counter())
-    many = isinstance(tout, (list, tuple))
-    # No graph to order: skip py_func's machinery (its cost per call: docs/measurements.md).
-    if tf.executing_eagerly():
+        if not in_graph:
+            return result
+        return (list(result) if many else [result]) + [np.bool_(False)]
+
+    if not in_graph:
         result = call(*[np.asarray(t) for t in inputs])  # zero-copy, read-only views
         if many:
             return [_to_tensor(r, d) for r, d in zip(result, tout)]
         return _to_tensor(result, tout)
-    touts = list(tout) if many else [tout]
-    chained = collective and ordering.needed()
-    if chained:
-        me = ordering.Collective(into_variables)
-        previous = me.predecessor(inputs)
-    else:
-        previous = None
-
-    def call_in_graph(*arrays):
-        # A mismatch comes back as the last output; its error is raised by the graph.
-        try:
-            if chained:
-                me.ran()
-                with ordering.lock:
-                    result = call(*arrays)
-            else:
-                result = call(*arrays)
-        except tf.errors.FailedPreconditionError as exc:
-            print(f"elastic_hvd: {type(exc).__name__} in {name}: {exc}", file=sys.stderr,
-                  flush=True)
-            return [np.zeros(0, t.as_numpy_dtype) for t in touts] + [np.bool_(True)]
-        return (list(result) if many else [result]) + [np.bool_(False)]
 
     with tf.control_dependencies([previous] if previous is not None else []):
-        *outputs, failed = tf.numpy_function(call_in_graph, inputs, touts + [tf.bool],
+        *outputs, failed = tf.numpy_function(call, inputs, touts + [tf.bool],
                                              stateful=True, name=name)
     if chained:
         me.record(failed.op)
@@ -199,77 +201,6 @@ def _attribute(factor):
     return float(np.float32(factor))
 
 
-def _fusion_threshold():
-    return config.current().fusion_threshold
-
-
-_ALIGN = 64  # bytes: what TF requires of memory it shares (see _to_tensor)
-
-
-def _aligned_empty(count, dtype):
-    """A 1-D array of ``count`` elements starting on a 64-byte boundary."""
-    dtype = np.dtype(dtype)
-    raw = np.empty(count * dtype.itemsize + _ALIGN, dtype=np.uint8)
-    start = -raw.ctypes.data % _ALIGN
-    return raw[start:start + count * dtype.itemsize].view(dtype)
-
-
-#: Dtypes numpy cannot reduce, reduced in a wider one.
-_WIDEN = {np.dtype(tf.bfloat16.as_numpy_dtype): np.dtype(np.float32)}
-
-
-def fused_allreduce(arrays, op, prescale_factor=1.0, postscale_factor=1.0):
-    """Allreduce many numpy arrays in as few collectives as possible.
-
-    Arrays of one dtype are packed into buffers of at most the fusion threshold;
-    each buffer is one resilient collective, whose signature carries the arrays'
-    shapes (ranks that pack other shapes mismatch, even with equal sizes).  bfloat16
-    is packed into float32 and its signature names bfloat16 too: ranks that pass
-    bfloat16 and float32 mismatch, as Horovod's do, instead of summing together.
-    Every result of a buffer in the arrays' own dtype starts on a 64-byte boundary
-    (segments are padded with zeros), so TF can take it without a copy.
-    """
-    comm = _comm()
-    results = [None] * len(arrays)
-    by_dtype = {}
-    for i, a in enumerate(arrays):
-        by_dtype.setdefault(a.dtype, []).append(i)
-    threshold = _fusion_threshold()
-
-    def reduce(batch, dtype):
-        wire = _WIDEN.get(dtype, dtype)
-        align = max(1, _ALIGN // wire.itemsize)
-        starts, total = [], 0
-        for j in batch:
-            starts.append(total)
-            total += -(-arrays[j].size // align) * align
-        if len(batch) == 1 and wire == dtype:
-            send = arrays[batch[0]].reshape(-1)
-        else:
-            send = np.zeros(total, dtype=wire)
-            for j, start in zip(batch, starts):
-                send[start:start + arrays[j].size] = arrays[j].reshape(-1)
-        layout = [arrays[j].shape for j in batch]
-        reduced = comm.allreduce(send, op=op, prescale_factor=prescale_factor,
-                                 postscale_factor=postscale_factor,
-                                 out=_aligned_empty(send.size, wire),
-                                 shapes=layout if wire == dtype else [dtype.name] + layout)
-        for j, start in zip(batch, starts):
-            segment = reduced[start:start + arrays[j].size].reshape(arrays[j].shape)
-            results[j] = segment if wire == dtype else segment.astype(dtype)
-
-    for dtype, indices in by_dtype.items():
-        batch, nbytes = [], 0
-        for i in indices:
-            if batch and nbytes + arrays[i].nbytes > threshold:
-                reduce(batch, dtype)
-                batch, nbytes = [], 0
-            batch.append(i)
-            nbytes += arrays[i].nbytes
-        reduce(batch, dtype)
-    return results
-
-
 #: Name of the op (and ``ResilientComm.label``) that carries a step's gradients.
 GRADIENTS = "HorovodGradients"
 
@@ -291,31 +222,13 @@ def reduce_together(groups, sparse, op, prescale_factor=1.0, postscale_factor=1.
     sizes = [len(group) for group in groups]
     prescale_factor, postscale_factor = _attribute(prescale_factor), _attribute(postscale_factor)
 
-    def fn(*arrays):
-        dense_in, sparse_in = arrays[:len(dense)], arrays[len(dense):]
-
-        def attempt():
-            comm = _comm()
-            out, start = [], 0
-            for count in sizes:
-                out += fused_allreduce(list(dense_in[start:start + count]), op,
-                                       prescale_factor, postscale_factor)
-                start += count
-            for k in range(0, len(sparse_in), 2):
-                values = comm.allgather(sparse_in[k])
-                if op == Average:
-                    values = _true_division(values, comm.size)
-                out += [values, comm.allgather(sparse_in[k + 1])]
-            return out
-
-        comm = _comm()
-        return runtime.session().step_transaction(attempt) if commit \
-            else comm.consistent(attempt)
-
+    fn = functools.partial(reducer.reduce_step, op=op, sizes=sizes,
+                           prescale_factor=prescale_factor, postscale_factor=postscale_factor,
+                           commit=commit)
     touts = [t.dtype for t in inputs]
     if op == Average:
         for k in range(len(dense), len(inputs), 2):
-            touts[k] = _true_division_dtype(touts[k])
+            touts[k] = tf.as_dtype(reducer.true_division_dtype(touts[k].as_numpy_dtype))
     outputs = numpy_op(name, fn, inputs, touts)
     for out, inp in zip(outputs, dense):
         out.set_shape(inp.shape)
@@ -332,27 +245,11 @@ def reduce_together(groups, sparse, op, prescale_factor=1.0, postscale_factor=1.
     return per_group, gathered
 
 
-def _true_division_dtype(dtype):
-    """The dtype of ``values / size`` in TF (Horovod averages slices so): integers give
-    float32 up to 16 bits, float64 above; floats stay."""
-    if not dtype.is_integer:
-        return dtype
-    return tf.float32 if dtype.size <= 2 else tf.float64
-
-
-def _true_division(values, size):
-    """``values / size`` as TF computes it: in the dtype of :func:`_true_division_dtype`.
-    The gathered values keep the callers' dtype until here, so that a rank's integers
-    and another's floats mismatch, as in Horovod's allgather."""
-    dtype = _true_division_dtype(tf.as_dtype(values.dtype)).as_numpy_dtype
-    return values.astype(dtype, copy=False) / dtype(size)
-
-
 def _grouped_allreduce_raw(tensors, op, prescale_factor, postscale_factor, name):
     prescale_factor, postscale_factor = _attribute(prescale_factor), _attribute(postscale_factor)
 
     def fn(*arrays):
-        return fused_allreduce(list(arrays), op, prescale_factor, postscale_factor)
+        return reducer.fused_allreduce(_comm(), arrays, op, prescale_factor, postscale_factor)
 
     outputs = numpy_op(name or "HorovodGroupedAllreduce", fn, tensors,
                         [t.dtype for t in tensors])
