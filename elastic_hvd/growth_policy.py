@@ -13,7 +13,7 @@ import sys
 import threading
 import time
 
-from .core import config
+from .core import config, process
 
 class GrowthPolicy:
     """When to grow, identically on every rank.
@@ -34,11 +34,6 @@ class GrowthPolicy:
     joiners that died before joining) the next try waits ``retry_steps`` steps;
     after ``max_failures`` failures in a row the job stops trying.
     """
-
-    #: Whether this process has a growth point: a policy's ``step`` ran, or the
-    #: script trains under ``hvd.elastic.run`` (whose ``commit`` grows).  A job asked to
-    #: grow by a script without one warns (see :func:`warn_if_cannot_grow`).
-    growth_point = False
 
     def __init__(self, respawn=False, max_np=None, discover=None, interval=5.0,
                  check_every=10, retry_steps=20, max_failures=3, spares=False):
@@ -83,7 +78,7 @@ class GrowthPolicy:
         """Call at every step boundary on every rank: adopts ready joiners (returns
         their event) and spawns new ones when the job is below its target.  In a
         joining process the first call joins (and returns the same event)."""
-        GrowthPolicy.growth_point = True
+        process.runtime().growth_point = True  # see warn_if_cannot_grow
         if comm.joining:
             return comm.join()
         pending = comm.join_pending
@@ -216,7 +211,7 @@ def warn_if_cannot_grow(session, comm):
         session.commits.remove(check)
         if policy.spares and comm.spares_in_place and not (policy.respawn or policy.max_np):
             return  # spares wait in init() and take the lost ranks' numbers
-        if not GrowthPolicy.growth_point and comm.rank == 0 and not comm.joining:
+        if not process.runtime().growth_point and comm.rank == 0 and not comm.joining:
             what = ("--respawn" if policy.respawn else "--spares" if policy.spares
                     else f"--max-np {policy.max_np}")
             print(CANNOT_GROW_WARNING.format(what=what), file=sys.stderr, flush=True)

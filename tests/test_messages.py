@@ -13,7 +13,7 @@ import platform
 
 import pytest
 
-from elastic_hvd.core import announce
+from elastic_hvd.core import announce, process
 from elastic_hvd.core.errors import MismatchError
 from elastic_hvd.core.membership import MembershipEvent
 from elastic_hvd.runner import reports
@@ -54,7 +54,7 @@ def test_mismatch_names_each_ranks_op_dtype_and_real_shape():
 
 
 def test_a_change_is_said_with_what_each_time_measures(monkeypatch):
-    monkeypatch.setattr(announce, "_effects", {})  # a script that does nothing about it
+    monkeypatch.setattr(process.runtime(), "effects", {})  # a script that does nothing about it
     class Hosts:  # where a job's processes ran: all the line needs of the communicator
         spares_left = 0
 

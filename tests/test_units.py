@@ -13,7 +13,7 @@ import types
 import numpy as np
 import pytest
 
-from elastic_hvd.core import collectives, config, reducer, runtime
+from elastic_hvd.core import collectives, config, process, reducer
 from elastic_hvd.core.collectives import CollectivesMixin
 from elastic_hvd.growth_policy import GrowthPolicy, parse_hosts, read_hostfile
 from elastic_hvd.core.membership import MembershipEvent
@@ -71,15 +71,16 @@ class _Cluster:
 
 
 @pytest.fixture
-def cluster(monkeypatch):
+def cluster(request):
     """``cluster(size)``: a _Cluster whose Session ``runtime.session()`` returns.
 
     ElasticSampler registers with the session that ``init()`` creates; without MPI
-    there is no init(), so its two module globals are set for the test (and restored)."""
+    there is no init(), so the test's process runtime is one of its own (replaced back
+    after the test)."""
     def make(size):
         made = _Cluster(size)
-        monkeypatch.setattr(runtime, "_current", made)
-        monkeypatch.setattr(runtime, "_session", made.session)
+        old = process.use(process.Runtime(comm=made, session=made.session))
+        request.addfinalizer(lambda: process.use(old))
         return made
     return make
 
@@ -491,7 +492,8 @@ def test_fusion_packs_one_buffer_per_dtype_at_aligned_offsets():
 def test_fusion_threshold_cuts_buffers_and_never_splits_an_array(monkeypatch):
     recording = _RecordingComm()
     # Two 16-byte arrays fill the threshold exactly (allowed); a third does not fit.
-    monkeypatch.setattr(config, "_loaded", config.from_environ({"HOROVOD_FUSION_THRESHOLD": "32"}))
+    monkeypatch.setattr(process.runtime(), "settings",
+                        config.from_environ({"HOROVOD_FUSION_THRESHOLD": "32"}))
     arrays = [np.full(4, k, dtype=np.float32) for k in range(3)] + [np.ones(25, np.float32)]
     results = reducer.fused_allreduce(recording, arrays, Sum)
     assert [s.size for s in recording.sent] == [32, 4, 25]  # [a0 pad a1 pad] [a2] [a3: 100 B]

@@ -11,12 +11,7 @@ for the run.  ``ELASTIC_HVD_ANNOUNCE=0`` turns the lines off.
 import sys
 import time
 
-from . import config
-
-#: What the program does about a change, by topic ("data", "lr"): callables
-#: ``event -> text or None``, registered by the layers that do it (see :func:`effect`);
-#: and "when": where training was, in the program's terms (``"epoch 2, step 7"``).
-_effects: dict = {}
+from . import config, process
 
 #: Said of a loss when no layer re-shares the data / rescales the learning rate.
 UNSHARED_DATA = "the lost {whose} data {shards} not trained {until}"
@@ -28,8 +23,9 @@ SPARES_ADVICE = "elastic-hvd-run --spares K keeps replacements ready"
 def effect(topic, describe):
     """Register ``describe(event) -> text or None``: what this process does about a
     membership change in ``topic`` (``"data"`` or ``"lr"``), or where training was
-    (``"when"``), for the line; replaces the earlier description of that topic."""
-    _effects[topic] = describe
+    (``"when"``), for the line; replaces the earlier description of that topic.  Kept in
+    the process's runtime: callables ``event -> text or None`` by topic."""
+    process.runtime().effects[topic] = describe
 
 
 def _ranks(ids):
@@ -54,7 +50,8 @@ def describe(event, comm, steps=None):
 
     who = [f"{what} {_ranks(ids)}{where(ids)}"
            for what, ids in (("lost", event.lost), ("gained", event.gained)) if ids]
-    place = _effects["when"](event) if "when" in _effects else None
+    effects = process.runtime().effects
+    place = effects["when"](event) if "when" in effects else None
     when = f" in {place}" if place else f" after {steps} training steps" if steps else ""
     text = f"{' and '.join(who)}{when}: {event.old_size} -> {event.new_size} ranks"
     if event.gained:
@@ -71,7 +68,8 @@ def describe(event, comm, steps=None):
 def consequences(event, comm):
     """What the change means for the run: each topic's registered effect, or what an
     unhandled loss means."""
-    said = [text for topic, of in _effects.items() if topic != "when" and (text := of(event))]
+    effects = process.runtime().effects
+    said = [text for topic, of in effects.items() if topic != "when" and (text := of(event))]
     if not event.lost:
         return said
     many = len(event.lost) > 1
@@ -80,7 +78,7 @@ def consequences(event, comm):
         whose="ranks'" if many else "rank's", shards="shards are" if many else "shard is",
         until="until a replacement takes its place" if replaced else "for the rest of this run")
     unhandled = [text for topic, text in (("data", unshared), ("lr", UNCHANGED_LR))
-                 if topic not in _effects]
+                 if topic not in effects]
     if not unhandled:
         return said
     unhandled[-1] += f" ({ADVICE})" if replaced else f" ({ADVICE}; {SPARES_ADVICE})"

@@ -21,6 +21,8 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from . import process
+
 
 @dataclasses.dataclass(frozen=True)
 class Setting:
@@ -178,19 +180,16 @@ def from_environ(environ: Mapping[str, str] = os.environ) -> Any:
     return config
 
 
-_loaded = None
-
-
 def load(environ: Mapping[str, str] = os.environ) -> Any:
     """Read (again) and check every setting; ``init()`` calls it."""
-    global _loaded
-    _loaded = from_environ(environ)
-    return _loaded
+    settings = process.runtime().settings = from_environ(environ)
+    return settings
 
 
 def current() -> Any:
     """The settings as last loaded (loaded now if never)."""
-    return _loaded if _loaded is not None else load()
+    settings = process.runtime().settings
+    return settings if settings is not None else load()
 
 
 def table(internal: bool = False) -> str:

@@ -45,7 +45,7 @@ import signal as _signal
 import threading
 import time
 
-from . import config
+from . import config, process
 from .errors import FaultInjected
 
 ENV = config.env("faults")
@@ -192,56 +192,64 @@ class FaultPlan:
         if fault:
             fault.fire()
 
+    def joiner_signal(self, spawn_number):
+        """The signal planned for the process of the ``spawn_number``-th spawn, or None."""
+        return self._by_joiner.get(spawn_number)
+
     def at_step(self, step):
         fault = self._by_step.pop(int(step), None)
         if fault:
             fault.fire()
 
 
-_plan = None
-
-
 def configure(original_id, spec=None):
     """Load this process's plan (from ``spec`` or the environment); called by init()."""
-    global _plan
-    _plan = FaultPlan(parse(config.current().faults if spec is None else spec), original_id)
-    return _plan
+    plan = FaultPlan(parse(config.current().faults if spec is None else spec), original_id)
+    process.runtime().faults = plan
+    return plan
 
 
 def at_collective():
-    if _plan:
-        _plan.at_collective()
+    plan = process.runtime().faults
+    if plan:
+        plan.at_collective()
 
 
 def after_transfer():
-    if _plan:
-        _plan.after_transfer()
+    plan = process.runtime().faults
+    if plan:
+        plan.after_transfer()
 
 
 def at_spawn():
-    if _plan:
-        _plan.at_spawn()
+    plan = process.runtime().faults
+    if plan:
+        plan.at_spawn()
 
 
 def at_merge():
-    if _plan:
-        _plan.at_merge()
+    plan = process.runtime().faults
+    if plan:
+        plan.at_merge()
 
 
 def at_handover():
-    if _plan:
-        _plan.at_handover()
+    plan = process.runtime().faults
+    if plan:
+        plan.at_handover()
 
 
 def at_repair():
-    if _plan:
-        _plan.at_repair()
+    plan = process.runtime().faults
+    if plan:
+        plan.at_repair()
 
 
 def for_joiner(spawn_number):
     """The fault planned for the process of the job's ``spawn_number``-th spawn:
     ``{JOINER_ENV: signal}`` for its environment, or ``{}``."""
-    signal = _plan._by_joiner.get(spawn_number) if _plan else None
+    plan = process.runtime().faults
+    signal = plan.joiner_signal(spawn_number) if plan else None
     return {JOINER_ENV: signal} if signal else {}
 
 
@@ -254,5 +262,6 @@ def at_joiner_start():
 
 def at_step(step):
     """Called by training loops before each step (counted from 1)."""
-    if _plan:
-        _plan.at_step(step)
+    plan = process.runtime().faults
+    if plan:
+        plan.at_step(step)

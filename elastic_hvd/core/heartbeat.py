@@ -50,9 +50,7 @@ import threading
 import time
 from pathlib import Path
 
-from . import config, mpi_env
-
-_instance = None
+from . import config, mpi_env, process
 
 
 def progress():
@@ -61,14 +59,16 @@ def progress():
     Call it from a training loop that computes for longer than the stall timeout
     between collectives.  Collectives count as progress by themselves.
     """
-    if _instance is not None:
-        _instance.tick()
+    heartbeat = process.runtime().heartbeat
+    if heartbeat is not None:
+        heartbeat.tick()
 
 
 def stop():
     """Stop this process's heartbeat, if one runs (before MPI_Finalize)."""
-    if _instance is not None:
-        _instance.stop()
+    heartbeat = process.runtime().heartbeat
+    if heartbeat is not None:
+        heartbeat.stop()
 
 
 class _Timeval(ctypes.Structure):
@@ -240,7 +240,6 @@ class Heartbeat:
 
     def __init__(self, MPI, period, stall_timeout=0.0, board=None,
                  who=lambda: f"process {os.getpid()}"):
-        global _instance
         self._who = who
         self._stall_timeout = float(stall_timeout or 0.0)
         self._last_progress = time.monotonic()
@@ -262,7 +261,6 @@ class Heartbeat:
             self._watchdog = threading.Thread(target=self._watch, name="elastic_hvd-watchdog",
                                               daemon=True)
             self._watchdog.start()
-        _instance = self
         atexit.register(self.stop)
 
     # -- what the main thread tells us --------------------------------------------
@@ -315,7 +313,6 @@ class Heartbeat:
 
     def stop(self):
         """Stop the watchdog and the progress loop (before MPI is finalized)."""
-        global _instance
         self._stop.set()
         if self._watchdog is not None and self._watchdog.is_alive() \
                 and threading.current_thread() is not self._watchdog:
@@ -323,6 +320,7 @@ class Heartbeat:
         if self._watchdog is not None:
             self._board.leave()
         self._progress.stop()
-        if _instance is self:
-            _instance = None
+        rt = process.runtime()
+        if rt.heartbeat is self:
+            rt.heartbeat = None
 

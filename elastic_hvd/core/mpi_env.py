@@ -13,7 +13,7 @@ import signal
 import sys
 import threading
 
-from . import config
+from . import config, process
 
 def mca_defaults(settings=None):
     """The MCA settings elastic_hvd wants, as ``{name: value}``, for ``settings``
@@ -94,9 +94,6 @@ def ulfm_compiled(MPI):
     return True
 
 
-_retired: list = []
-
-
 def end_as_crash(why):
     """End this process as a crash would: one line saying ``why``, then SIGKILL, which
     the other ranks detect within milliseconds and repair alike (an ordinary exit
@@ -124,7 +121,7 @@ def retire(comm):
     (ERA keeps only a CID's low 16 bits: names could meet again after some 65 000
     communicators, tens of thousands of repairs and joins away.)
     """
-    _retired.append(comm)
+    process.runtime().retired.append(comm)
 
 
 #: Seconds MPI_Finalize may take, at most, in a process connected to another mpirun

@@ -6,7 +6,7 @@ import signal
 import sys
 from typing import Any, Callable, NoReturn
 
-from . import announce, config, faults
+from . import announce, config, faults, process
 from .comm import LeftEarly, ResilientComm
 from .errors import ElasticHvdError, NotInitializedError
 from .freshness import ANOMALY_EXIT_STATUS
@@ -16,10 +16,6 @@ from .mpi_env import (CONNECTED_FINALIZE_DEADLINE, finalize, ft_enabled, load_mp
                       ulfm_compiled)
 from .session import Session
 from .spares import SpareInvitation, split_world
-
-_current: ResilientComm | None = None
-_session: Session | None = None
-_invitation = None
 
 NOT_ELASTIC_WARNING = (
     "elastic_hvd: WARNING: this job runs WITHOUT fault tolerance ({why}); the loss of any "
@@ -37,8 +33,7 @@ def set_parent(MPI, merged):
     program would first import TensorFlow), so the join wrapper
     (``elastic_hvd.runner.join``) makes it; and core never imports the runner.
     """
-    global _invitation
-    _invitation = Invitation(MPI, merged)
+    process.runtime().invitation = Invitation(MPI, merged)
 
 
 def init(comm: Any = None, *, min_np: int | None = None,
@@ -59,9 +54,9 @@ def init(comm: Any = None, *, min_np: int | None = None,
     hot spares of a program without one wait in ``init()`` and take a lost rank's
     number (see :mod:`.spares`).  None: the program drives growth itself.
     """
-    global _current, _session, _invitation
-    if _current is not None:
-        return _current
+    rt = process.runtime()
+    if rt.comm is not None:
+        return rt.comm
     try:
         settings = config.load()  # every setting, checked before anything starts
     except ValueError:
@@ -92,7 +87,7 @@ def init(comm: Any = None, *, min_np: int | None = None,
                else "this MPI library has no ULFM support")
         print(NOT_ELASTIC_WARNING.format(why=why), file=sys.stderr, flush=True)
     pool, in_place = (), False
-    if settings.spares and _invitation is None:
+    if settings.spares and rt.invitation is None:
         if not elastic or comm is not None:
             raise ValueError(f"{config.env('spares')}={settings.spares}: hot spares need fault "
                              "tolerance (--with-ft ulfm) and init() on the whole world")
@@ -101,43 +96,45 @@ def init(comm: Any = None, *, min_np: int | None = None,
             settings.spares_wait == "auto" and has_growth_point is not None
             and not has_growth_point())
         if base is None:  # this process is a spare: it joins when adopted
-            _invitation = SpareInvitation(MPI, trainers)
+            rt.invitation = SpareInvitation(MPI, trainers)
             base = MPI.COMM_SELF
-    heartbeat = Heartbeat(MPI, settings.heartbeat_period,
-                          settings.stall_timeout if stall_timeout is None else stall_timeout,
-                          board=settings.waiting_board, who=_who)
-    _current = ResilientComm(
+    rt.heartbeat = heartbeat = Heartbeat(
+        MPI, settings.heartbeat_period,
+        settings.stall_timeout if stall_timeout is None else stall_timeout,
+        board=settings.waiting_board, who=_who)
+    rt.comm = comm_ = ResilientComm(
         MPI, base,
         min_np=settings.min_np if min_np is None else int(min_np),
         mismatch_timeout=(settings.mismatch_timeout if mismatch_timeout is None
                           else mismatch_timeout),
-        elastic=elastic, heartbeat=heartbeat, invitation=_invitation, pool=pool,
+        elastic=elastic, heartbeat=heartbeat, invitation=rt.invitation, pool=pool,
         spares_in_place=in_place)
-    _invitation = None  # taken: its communicator becomes the live one when this process joins
-    if _on_strict_abort is not None and _current.anomalies.strict:  # told before MPI_Abort
-        _current.anomalies.listeners.add(lambda _entry: _on_strict_abort(ANOMALY_EXIT_STATUS))
-    _session = Session(_current)
+    rt.invitation = None  # taken: its communicator becomes the live one when this process joins
+    if rt.on_strict_abort is not None and comm_.anomalies.strict:  # told before MPI_Abort
+        hook = rt.on_strict_abort
+        comm_.anomalies.listeners.add(lambda _entry: hook(ANOMALY_EXIT_STATUS))
+    rt.session = Session(comm_)
     if settings.announce:  # one line per membership change, on rank 0
-        _current.listeners.add(announce.Announcer(_current, _session))
-    if not _current.joining:  # a joiner learns its id when it joins (see join())
-        faults.configure(_current.original_id)
+        comm_.listeners.add(announce.Announcer(comm_, rt.session))
+    if not comm_.joining:  # a joiner learns its id when it joins (see join())
+        faults.configure(comm_.original_id)
     atexit.register(_at_exit, MPI, heartbeat)
     sys.excepthook = _crash_after(sys.excepthook)
     if in_place:
-        if _current.joining:
-            _current.await_claim()  # returns as the lost rank it replaces
+        if comm_.joining:
+            comm_.await_claim()  # returns as the lost rank it replaces
         else:
-            started = _current
-            _session.commits.add(lambda _ids: started.claim_spares())
-    return _current
+            rt.session.commits.add(lambda _ids: comm_.claim_spares())
+    return comm_
 
 
 def _who():
     """'rank R (original rank I, pid P)' for the heartbeat's lines; 'process P' before
     this process has a rank (a spare, a joiner) or after shutdown."""
-    if _current is None or _current.joining:
+    comm = process.runtime().comm
+    if comm is None or comm.joining:
         return f"process {os.getpid()}"
-    return f"rank {_current.rank} (original rank {_current.original_id}, pid {os.getpid()})"
+    return f"rank {comm.rank} (original rank {comm.original_id}, pid {os.getpid()})"
 
 
 def _crash_after(report):
@@ -165,11 +162,13 @@ def _crash_if_others_go_on():
     death by signal is reported to them at once (tests/test_exit_paths.py).  Under
     plain ``mpirun`` the job's status is then that of a killed rank (0);
     ``elastic-hvd-run`` counts the rank as lost either way."""
-    if _current is None or (_current.size <= 1 and not _current.joining):
+    rt = process.runtime()
+    comm = rt.comm
+    if comm is None or (comm.size <= 1 and not comm.joining):
         return
-    who = (f"process {os.getpid()}, spawned to join the running job," if _current.joining
-           else f"rank {_current.rank} (original {_current.original_id})")
-    if _say_when_raising:
+    who = (f"process {os.getpid()}, spawned to join the running job," if comm.joining
+           else f"rank {comm.rank} (original {comm.original_id})")
+    if rt.say_when_raising:
         print(f"elastic_hvd: {who} stops on an uncaught exception and leaves the job as a crash "
               "would, so that any rank still training goes on without it", file=sys.stderr,
               flush=True)
@@ -186,18 +185,19 @@ def _at_exit(MPI, heartbeat):
     heartbeat.stop()
     if MPI.Is_finalized():
         return
-    if _emptied_hosts:
+    rt = process.runtime()
+    if rt.emptied_hosts:
         # Open MPI 5.0.11's MPI_Finalize ends in a job-wide PMIx fence that a host
         # whose ranks are all gone (its daemon alive) never joins: it would wait for
         # ever.  All work is done and the survivors met above, so leave without it.
-        if _rank_at_exit == 0:
-            print(f"elastic_hvd: no rank is left on {', '.join(_emptied_hosts)}: exiting without "
+        if rt.rank_at_exit == 0:
+            print(f"elastic_hvd: no rank is left on {', '.join(rt.emptied_hosts)}: exiting without "
                   "MPI_Finalize (its closing fence would wait for that host)",
                   file=sys.stderr, flush=True)
         _exit_now()
     # Connected to other mpirun jobs (a job that grew, a spawned process): don't wait long.
-    connected = _current is not None and (_current.joining
-                                          or any(e.gained for e in _current.events))
+    connected = rt.comm is not None and (rt.comm.joining
+                                         or any(e.gained for e in rt.comm.events))
     limit = config.current().finalize_deadline
     limit = min(limit, CONNECTED_FINALIZE_DEADLINE) if connected else limit
     finalize(limit, _exit_now)
@@ -207,13 +207,8 @@ def _exit_now():
     """End the process without MPI_Finalize, with the status the program asked for."""
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(_exit_status if _exit_status is not None else
-             1 if hasattr(sys, "last_value") else 0)
-
-
-#: Set when the ranks leave together: hosts this job ran on where no rank is left,
-#: and this process's rank then.
-_emptied_hosts, _rank_at_exit = (), None
+    status = process.runtime().exit_status
+    os._exit(status if status is not None else 1 if hasattr(sys, "last_value") else 0)
 
 
 def _leave_together():
@@ -225,43 +220,37 @@ def _leave_together():
     rank that leaves while the others still train exits at once instead, after
     telling them (``ResilientComm.leave``).
     """
-    if _current is not None:
-        if _current.joining:  # never joined: not a member, nobody waits for it
-            _current.abandon_join()
+    rt = process.runtime()
+    comm = rt.comm
+    if comm is not None:
+        if comm.joining:  # never joined: not a member, nobody waits for it
+            comm.abandon_join()
             return
-        global _emptied_hosts, _rank_at_exit
         try:
-            _current.leave()
+            comm.leave()
             # Everyone leaves: a process still starting to join is told training ended.
-            _current.abandon_join(ENDED)
-            _emptied_hosts, _rank_at_exit = _current.emptied_hosts(), _current.rank
-            _current.release_spares()
+            comm.abandon_join(ENDED)
+            rt.emptied_hosts, rt.rank_at_exit = comm.emptied_hosts(), comm.rank
+            comm.release_spares()
         except LeftEarly as exc:
-            _current.abandon_join(CHANGED)  # the others go on; they start another
-            print(f"elastic_hvd: rank {_current.rank} (original {_current.original_id}) leaves "
+            comm.abandon_join(CHANGED)  # the others go on; they start another
+            print(f"elastic_hvd: rank {comm.rank} (original {comm.original_id}) leaves "
                   f"the job; the other ranks go on without it ({exc})", file=sys.stderr, flush=True)
-            if _on_leaving_early is not None:
-                _on_leaving_early()
-            os._exit(_exit_status or 0)
+            if rt.on_leaving_early is not None:
+                rt.on_leaving_early()
+            os._exit(rt.exit_status or 0)
         except Exception as exc:  # below min_np (said already), or a failure at the very end
-            _current.abandon_join()
-            if _current.below_min_np is None:
+            comm.abandon_join()
+            if comm.below_min_np is None:
                 print(f"elastic_hvd: final barrier failed: {exc}", file=sys.stderr)
-            _current.release_spares()
-
-
-_exit_status = None
-_on_leaving_early = None
-_on_strict_abort = None
-_say_when_raising = True
+            comm.release_spares()
 
 
 def leave_raising_to_launcher() -> None:
     """A rank that stops on an uncaught exception says nothing itself: ``elastic-hvd-run``'s
     wrapper records the exception and the launcher reports it, once for the whole job
     (every rank may raise the same)."""
-    global _say_when_raising
-    _say_when_raising = False
+    process.runtime().say_when_raising = False
 
 
 def when_strict_abort(hook: Callable[[int], None]) -> None:
@@ -269,8 +258,7 @@ def when_strict_abort(hook: Callable[[int], None]) -> None:
     ``elastic-hvd-run``'s wrapper records it and the launcher ends the whole job,
     which ``MPI_Abort`` in a process spawned into the job does not do (it ends only
     the spawned job; seen in the soak)."""
-    global _on_strict_abort
-    _on_strict_abort = hook
+    process.runtime().on_strict_abort = hook
 
 
 def when_leaving_early(hook: Callable[[], None]) -> None:
@@ -278,8 +266,7 @@ def when_leaving_early(hook: Callable[[], None]) -> None:
     (see ``ResilientComm.leave``), just before it exits: ``elastic-hvd-run``'s
     wrapper records then that this rank did not complete the job -- its status
     alone must not make a job whose other ranks were all lost count as completed."""
-    global _on_leaving_early
-    _on_leaving_early = hook
+    process.runtime().on_leaving_early = hook
 
 
 def exit_with(status: int) -> NoReturn:
@@ -292,33 +279,34 @@ def exit_with(status: int) -> NoReturn:
 def set_exit_status(status: int | None) -> None:
     """The status this process exits with if MPI_Finalize is cut short or skipped
     (``elastic-hvd-run``'s wrapper passes the program's ``sys.exit`` code on)."""
-    global _exit_status
-    _exit_status = status
+    process.runtime().exit_status = status
 
 
 def is_initialized() -> bool:
     """Whether ``init()`` ran and ``shutdown()`` has not since."""
-    return _current is not None
+    return process.runtime().comm is not None
 
 
 def current(what: str = "this call") -> ResilientComm:
     """The resilient communicator; NotInitializedError before ``init()``."""
-    if _current is None:
+    comm = process.runtime().comm
+    if comm is None:
         raise NotInitializedError(what)
-    return _current
+    return comm
 
 
 def session(what: str = "this call") -> Session:
     """The training session (:mod:`.session`) of the communicator; exists from ``init()`` on."""
-    if _session is None:
+    session = process.runtime().session
+    if session is None:
         raise NotInitializedError(what)
-    return _session
+    return session
 
 
 def shutdown() -> None:
     """Meet the other ranks, then forget the communicator (MPI is finalized at exit)."""
-    global _current, _session
     _leave_together()
-    if _current is not None:
-        retire(_current.mpi_comm)
-    _current = _session = None
+    rt = process.runtime()
+    if rt.comm is not None:
+        retire(rt.comm.mpi_comm)
+    rt.comm = rt.session = None

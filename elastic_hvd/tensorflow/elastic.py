@@ -18,22 +18,19 @@ top and, in ``run``, joins and receives the state before training.
 
 import functools
 
-from ..core import runtime
+from ..core import process, runtime
 from ..growth_policy import GrowthPolicy
 from ..basics import init, rank, shutdown  # noqa: F401 (hvd.elastic.*, as Horovod's)
 from .collectives import (HorovodInternalError, broadcast_object,  # noqa: F401
                           broadcast_object_fn, broadcast_variables)
 from .training_state import TrainingState
 
-_policy = None
-
-
 def growth_policy():
     """This process's growth policy (from elastic-hvd-run's flags)."""
-    global _policy
-    if _policy is None:
-        _policy = GrowthPolicy.from_env()
-    return _policy
+    rt = process.runtime()
+    if rt.policy is None:
+        rt.policy = GrowthPolicy.from_env()
+    return rt.policy
 
 
 class HostsUpdatedInterrupt(Exception):
@@ -57,7 +54,7 @@ def run_fn(func, reset):
     @functools.wraps(func)
     def wrapper(state, *args, **kwargs):
         comm = runtime.current("hvd.elastic.run")
-        GrowthPolicy.growth_point = True  # state.commit() grows
+        process.runtime().growth_point = True  # state.commit() grows
         if comm.joining:
             growth_policy().step(comm)  # a joining process's first step joins
         while True:

@@ -11,39 +11,45 @@ import os
 import threading
 import time
 
+from ..core import process, runtime
+
 _lock = threading.Lock()
-_events = None
-_path = None
 _epoch = time.perf_counter()
+
+
+class _Recording:
+    """The events recorded so far, for ``path``; kept in the process's runtime."""
+
+    def __init__(self, path):
+        self.path, self.events = path, []
 
 
 def start_timeline(file_path, mark_cycles=False):
     """Record every collective op from now on, for :func:`stop_timeline` to write to
     ``file_path``; events recorded before are dropped.  ``mark_cycles`` is ignored."""
-    global _events, _path
     with _lock:
-        _events, _path = [], file_path
+        process.runtime().timeline = _Recording(file_path)
 
 
 def record(name, started, finished):
-    if _events is None:
+    recording = process.runtime().timeline
+    if recording is None:
         return
     with _lock:
-        if _events is not None:
-            _events.append({"name": name, "cat": "collective", "ph": "X", "pid": os.getpid(),
-                            "tid": 0, "ts": (started - _epoch) * 1e6,
-                            "dur": (finished - started) * 1e6})
+        recording.events.append({"name": name, "cat": "collective", "ph": "X",
+                                 "pid": os.getpid(), "tid": 0, "ts": (started - _epoch) * 1e6,
+                                 "dur": (finished - started) * 1e6})
 
 
 def stop_timeline():
     """Stop recording and write the events, atomically: rank 0 writes, or every rank
     when the path contains ``{rank}``.  A no-op if no timeline was started."""
-    global _events, _path
-    from ..core import runtime
+    rt = process.runtime()
     with _lock:
-        events, path, _events, _path = _events, _path, None, None
-    if events is None:
+        recording, rt.timeline = rt.timeline, None
+    if recording is None:
         return
+    events, path = recording.events, recording.path
     rank = runtime.current().rank if runtime.is_initialized() else 0
     if "{rank}" in path:
         path = path.format(rank=rank)

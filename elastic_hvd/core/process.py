@@ -1,0 +1,65 @@
+"""This process's elastic_hvd in one object: what ``init()`` makes, what the layers
+above find there, and what the process's end needs.
+
+Why one object: these are needed from many modules (the heartbeat's watchdog names
+the rank, the TF layer finds the session, the fault plan fires inside the core), and
+one object reached through one accessor (:func:`runtime`) is where a reader finds
+them and what a test replaces as a whole (:func:`use`).  This module imports nothing
+of the package, so that any module may import it.
+"""
+
+import dataclasses
+from typing import Any, Callable
+
+
+@dataclasses.dataclass
+class Runtime:
+    """Everything of elastic_hvd that lives as long as this process (or its ``init()``)."""
+
+    #: The settings (``config.Config``) as last loaded: by ``init()``, or on first use.
+    settings: Any = None
+    #: The resilient communicator and its training session, from ``init()`` to ``shutdown()``.
+    comm: Any = None
+    session: Any = None
+    #: The heartbeat (GIL-free MPI progress, stall watchdog), from ``init()`` to its stop.
+    heartbeat: Any = None
+    #: The fault plan of tests and demos (``faults.configure``), None without one.
+    faults: Any = None
+    #: ``hvd.elastic.run``'s growth policy (the TF layer's), made when first asked for.
+    policy: Any = None
+    #: Whether the program adopts joiners at step boundaries (hvd.fit, ElasticData,
+    #: ``state.commit()``): set by those when they run.
+    growth_point: bool = False
+    #: A hand-over that the next ``init()`` takes: a spawned process's merged
+    #: communicator, or a hot spare's invitation.
+    invitation: Any = None
+    #: What the layers do about a membership change, by topic, for rank 0's line
+    #: (see ``announce.effect``).
+    effects: dict = dataclasses.field(default_factory=dict)
+    #: Communicators done with but never freed (see ``mpi_env.retire``).
+    retired: list = dataclasses.field(default_factory=list)
+    #: The timeline being recorded (``hvd.start_timeline``), None when none is.
+    timeline: Any = None
+    # -- how the process ends (see runtime) ---------------------------------------------
+    exit_status: int | None = None
+    on_leaving_early: Callable[[], None] | None = None
+    on_strict_abort: Callable[[int], None] | None = None
+    say_when_raising: bool = True
+    #: Set when the ranks leave together: hosts where no rank is left, and this rank then.
+    emptied_hosts: tuple = ()
+    rank_at_exit: int | None = None
+
+
+_runtime = Runtime()
+
+
+def runtime() -> Runtime:
+    """This process's runtime (the one accessor)."""
+    return _runtime
+
+
+def use(new: Runtime) -> Runtime:
+    """Make ``new`` this process's runtime; returns the one it replaces (for tests)."""
+    global _runtime
+    old, _runtime = _runtime, new
+    return old
