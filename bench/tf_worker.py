@@ -116,7 +116,8 @@ def main():
     hvd.init()
     result = {"allreduce": allreduce, "fit": fit}[args.what](hvd, args)
     if hvd.rank() == 0:
-        result.update(impl=args.impl, np=hvd.size(), tf=tf.__version__)
+        result.update(impl=args.impl, np=hvd.size(), tf=tf.__version__,
+                      library=getattr(hvd, "__file__", None))
         print("RESULT " + json.dumps(result), flush=True)
 
 

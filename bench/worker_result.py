@@ -13,10 +13,11 @@ def parse(output):
     return json.loads(lines[-1][len(PREFIX):]) if lines else None
 
 
-def run(cmd, timeout=900, cwd=None):
+def run(cmd, timeout=900, cwd=None, env=None):
     """Run the job ``cmd`` and return its result; RuntimeError with the end of its
     output when it reported none."""
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd)
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd,
+                         env=env)
     result = parse(out.stdout)
     if result is None:
         raise RuntimeError(f"no result from {' '.join(map(str, cmd))}:\n{out.stdout[-2000:]}"
