@@ -204,3 +204,34 @@ def test_waiting_board_hears_others_recent_words_not_its_own(tmp_path, monkeypat
     board.leave()
     assert sorted(p.name for p in board.path.iterdir()) == ["hostB-4242"]
     assert not WaitingBoard.of_job(environ={}).others_waited_within(5)  # no mpirun: no peers
+
+
+def test_every_open_mpi_workaround_is_in_the_table_with_a_reproducer_and_is_counted():
+    from elastic_hvd.core import process, workarounds
+
+    root = Path(__file__).resolve().parent.parent
+    called = set()
+    for path in [*root.glob("elastic_hvd/**/*.py"), *root.glob("keras_callbacks/*.py")]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr == "used"
+                    and isinstance(node.func.value, ast.Name)
+                    and node.func.value.id == "workarounds"):
+                called.add(node.args[0].value)
+    table = {w.name for w in workarounds.TABLE}
+    assert called == table, "each workaround in the table is counted where it is applied"
+    for w in workarounds.TABLE:
+        where = w.reproducer.removeprefix("python ")
+        file, _, test = where.partition("::")
+        assert (root / file).is_file(), w.reproducer
+        assert not test or f"def {test}(" in (root / file).read_text(), w.reproducer
+        assert w.measured_on.startswith("Open MPI 5.0.11")
+    old = process.use(process.Runtime())
+    try:
+        workarounds.used("settle")
+        workarounds.used("settle", "again")
+        assert workarounds.counts() == {"settle": 2}
+        with pytest.raises(KeyError):
+            workarounds.used("not_in_the_table")
+    finally:
+        process.use(old)

@@ -36,7 +36,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from . import config, faults, mpi_env
+from . import config, faults, mpi_env, workarounds
 from .collectives import CollectivesMixin
 from .errors import (ElasticHvdError, JoinOrderError, MismatchError, RanksBelowMinimumError,
                      RemoteCollectiveError)
@@ -122,6 +122,7 @@ class ResilientComm(CollectivesMixin):
         started = time.perf_counter()
         self.initial_size = comm.size
         if self.elastic:
+            workarounds.used("shrink_at_start")
             own = self._shrink(comm)
             positions = own.Get_group().Translate_ranks(list(range(own.size)), comm.Get_group())
         else:
@@ -263,6 +264,7 @@ class ResilientComm(CollectivesMixin):
             yield
         except BaseException as exc:
             if not isinstance(exc, Exception) and not self.joining:
+                workarounds.used("interrupted_protocol_crash")
                 mpi_env.end_as_crash(f"rank {self.rank} (original {self.original_id}) was "
                                      f"interrupted by {type(exc).__name__} inside a collective's "
                                      "protocol")
@@ -500,6 +502,7 @@ class ResilientComm(CollectivesMixin):
         rank died inside a shrink).  A rank leaves an agreement only once every
         live member entered it, so all of them have finished activating; its
         outcome does not matter (the next collective finds any failure)."""
+        workarounds.used("settle")
         try:
             new.Agree(0)
         except self.MPI.Exception:

@@ -50,7 +50,7 @@ import threading
 import time
 from pathlib import Path
 
-from . import config, mpi_env, process
+from . import config, mpi_env, process, workarounds
 
 
 def progress():
@@ -250,11 +250,13 @@ class Heartbeat:
         try:
             self._progress = NativeProgress(interval)
             self.native = True
+            workarounds.used("native_progress")
         except (OSError, AttributeError) as exc:
             print(f"elastic_hvd: no GIL-free MPI progress ({exc}); a rank that holds the GIL "
                   "longer than the heartbeat timeout will be declared dead", file=sys.stderr)
             self._progress = _PythonProgress(MPI, interval)
             self.native = False
+        workarounds.used("paused_progress")
         self._watchdog = None
         if self._stall_timeout > 0:
             self._board = WaitingBoard.of_job(board)

@@ -13,7 +13,7 @@ import signal
 import sys
 import threading
 
-from . import config, process
+from . import config, process, workarounds
 
 def mca_defaults(settings=None):
     """The MCA settings elastic_hvd wants, as ``{name: value}``, for ``settings``
@@ -50,7 +50,13 @@ def mca_defaults(settings=None):
 
 def _apply_env_defaults(settings):
     for name, value in mca_defaults(settings).items():
-        os.environ.setdefault("OMPI_MCA_" + name, value)
+        if "OMPI_MCA_" + name in os.environ:  # the user's wins
+            continue
+        os.environ["OMPI_MCA_" + name] = value
+        if name == "coll":
+            workarounds.used("han_off")
+        elif name == "async_mpi_finalize":
+            workarounds.used("async_finalize")
 
 
 def load_mpi(settings=None):
@@ -122,6 +128,7 @@ def retire(comm):
     communicators, tens of thousands of repairs and joins away.)
     """
     process.runtime().retired.append(comm)
+    workarounds.used("never_free")
 
 
 #: Seconds MPI_Finalize may take, at most, in a process connected to another mpirun
@@ -146,6 +153,7 @@ def finalize(limit, exit_now):
 
     def deadline():
         if not done.wait(limit):
+            workarounds.used("finalize_deadline")
             print(f"elastic_hvd: MPI_Finalize did not return within {limit:.0f}s "
                   "(an Open MPI race after a rank loss or a join); exiting without it",
                   file=sys.stderr, flush=True)

@@ -8,6 +8,7 @@ them and what a test replaces as a whole (:func:`use`).  This module imports not
 of the package, so that any module may import it.
 """
 
+import collections
 import dataclasses
 from typing import Any, Callable
 
@@ -36,6 +37,8 @@ class Runtime:
     #: What the layers do about a membership change, by topic, for rank 0's line
     #: (see ``announce.effect``).
     effects: dict = dataclasses.field(default_factory=dict)
+    #: Uses of each Open MPI workaround (see :mod:`.workarounds`).
+    workarounds: dict = dataclasses.field(default_factory=lambda: collections.Counter())
     #: Communicators done with but never freed (see ``mpi_env.retire``).
     retired: list = dataclasses.field(default_factory=list)
     #: The timeline being recorded (``hvd.start_timeline``), None when none is.

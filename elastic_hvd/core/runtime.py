@@ -6,7 +6,7 @@ import signal
 import sys
 from typing import Any, Callable, NoReturn
 
-from . import announce, config, faults, process
+from . import announce, config, faults, process, workarounds
 from .comm import LeftEarly, ResilientComm
 from .errors import ElasticHvdError, NotInitializedError
 from .freshness import ANOMALY_EXIT_STATUS
@@ -172,6 +172,7 @@ def _crash_if_others_go_on():
         print(f"elastic_hvd: {who} stops on an uncaught exception and leaves the job as a crash "
               "would, so that any rank still training goes on without it", file=sys.stderr,
               flush=True)
+    workarounds.used("crash_by_sigkill")
     sys.stdout.flush()
     os.kill(os.getpid(), signal.SIGKILL)
 
@@ -187,6 +188,7 @@ def _at_exit(MPI, heartbeat):
         return
     rt = process.runtime()
     if rt.emptied_hosts:
+        workarounds.used("emptied_host_no_finalize")
         # Open MPI 5.0.11's MPI_Finalize ends in a job-wide PMIx fence that a host
         # whose ranks are all gone (its daemon alive) never joins: it would wait for
         # ever.  All work is done and the survivors met above, so leave without it.

@@ -49,7 +49,7 @@ import time
 
 import numpy as np
 
-from . import config
+from . import config, workarounds
 from .mpi_env import end_as_crash, retire
 from .spawn import BROKEN_GRACE, MergeCall, connect_all
 
@@ -202,6 +202,7 @@ def _leave_if_broken_off(MPI, inter, adopters, stop):
     while not stop.wait(POLL):
         if (adopters & failed_world_ranks(MPI) or inter.Is_revoked()) \
                 and not stop.wait(BROKEN_GRACE):
+            workarounds.used("merge_death_crash", "a hot spare's merge")
             end_as_crash("a hot spare: its merge with the ranks that adopt it broke off (one "
                          "died, or they gave it up), after which Open MPI makes no new "
                          "communicator here")

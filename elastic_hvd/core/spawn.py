@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 
-from . import config, faults, mpi_env
+from . import config, faults, mpi_env, workarounds
 
 #: Seconds between two looks at the spawning ranks while a spawn runs.
 WATCH_PERIOD = 0.05
@@ -61,6 +61,7 @@ def connect_all(merged):
     and its first contact with a process of another job that has died since blocks
     for ever (in PMIx_Get of the peer's address), freezing the progress engine of
     the whole rank."""
+    workarounds.used("connect_all")
     merged.Alltoall(np.zeros(merged.size, dtype=np.int8), np.empty(merged.size, dtype=np.int8))
 
 
@@ -169,6 +170,7 @@ class MergeCall:
             break
         with self._lock:
             if not self._done.is_set():
+                workarounds.used("spawn_given_up", why)
                 self._given_up = True
                 for comm in self._made:
                     self._owner.revoke(comm)
@@ -188,11 +190,13 @@ class MergeCall:
         before it: no harm), hence the probe (:class:`.spares.AdoptCall`); a spawn
         that never ends leaves only a thread behind (measured: later spawns work)."""
         if self._merge_started and not (self._done.wait(BROKEN_GRACE) and self._merge_ended):
+            workarounds.used("merge_death_crash")
             mpi_env.end_as_crash("a process died inside its merge with a new process (or the "
                                  "merge was given up), after which Open MPI makes no new "
                                  "communicator here")
         if self._stuck_connect_breaks and not self._done.wait(BROKEN_GRACE) \
                 and not self._can_make_communicators():
+            workarounds.used("merge_death_crash", "inside MPI_Comm_connect")
             mpi_env.end_as_crash("the process it connected to died inside MPI_Comm_connect, "
                                  "after which Open MPI makes no new communicator here")
 

@@ -23,7 +23,7 @@ import threading
 from pathlib import Path
 
 from .. import state_replica
-from ..core import config
+from ..core import config, workarounds
 from ..core.freshness import ANOMALY_EXIT_STATUS
 from . import relaunch, reports
 from .console import NoiseFilter, tf_logs_wanted
@@ -196,7 +196,10 @@ def session_dir_args(cmd, base):
     PMIx server's listener thread failed to start" (tests/test_session_dirs.py)."""
     chosen = any(name in arg for arg in cmd for name in SESSION_BASE_SETTINGS) or any(
         f"PRTE_MCA_{name}" in os.environ for name in SESSION_BASE_SETTINGS)
-    return [] if chosen else ["--prtemca", "prte_local_tmpdir_base", base]
+    if chosen:
+        return []
+    workarounds.used("private_session_dir")
+    return ["--prtemca", "prte_local_tmpdir_base", base]
 
 
 def read_outcomes(status_dir):
