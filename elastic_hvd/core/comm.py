@@ -25,13 +25,8 @@ an *anomaly* -- never acted on, always said.
 """
 
 import contextlib
-import os
-import signal
-import socket
-import sys
 import threading
 import time
-import traceback
 from typing import Any, Callable
 
 import numpy as np
@@ -42,7 +37,9 @@ from .errors import (ElasticHvdError, JoinOrderError, MismatchError, RanksBelowM
                      RemoteCollectiveError)
 from .freshness import OUTCOME_MASK, Anomalies, Stamps
 from .growth import Growth
+from .joining import JoiningMixin
 from .membership import Listeners, MembershipEvent
+from .repair import RepairMixin
 from .signature import SignaturePredictor
 
 #: Signature of the last collective of a process that is done (see ``leave``).
@@ -60,7 +57,7 @@ _PRE = 4     # contributed before the data transfer (slow path)
 _POST = 8    # contributed after the data transfer
 
 
-class ResilientComm(CollectivesMixin):
+class ResilientComm(JoiningMixin, RepairMixin, CollectivesMixin):
     """An MPI communicator whose collectives survive the loss of ranks.
 
     ``ids`` maps each current rank to its *original id* (its rank when the
@@ -68,6 +65,12 @@ class ResilientComm(CollectivesMixin):
     which stays stable across repairs.  ``invitation``, the :class:`.growth.Invitation`
     of a process spawned into a running job, makes it start as a *joiner*, whose
     ``original_id`` is None and ``ids`` empty until it has joined.
+
+    Cut along its concepts: the agreed transaction, the leave protocol and the
+    membership it reports are here; membership changes and repair in
+    :class:`.repair.RepairMixin`; the join protocol's interface in
+    :class:`.joining.JoiningMixin`; the collectives in
+    :class:`.collectives.CollectivesMixin`.
     """
 
     def __init__(self, MPI, comm, *, min_np=1, mismatch_timeout=5.0, elastic=True,
@@ -362,89 +365,6 @@ class ResilientComm(CollectivesMixin):
         verify, self._verify_next = self._verify_next, False
         return verify
 
-    # -- the interface of the join protocol (.growth) ---------------------------------
-    # Public so that the protocol never touches this class's fields: what it needs
-    # from the communicator is here, documented, and nothing else.
-    @property
-    def joining(self):
-        """True in a process spawned into a running job until it has joined."""
-        return self._growth.joining
-
-    @property
-    def join_pending(self):
-        """True while spawned processes wait to be adopted (see :meth:`poll_join`)."""
-        return self._growth.pending
-
-    def spawn(self, count, hosts=(), oversubscribe=None):
-        """Start ``count`` processes that will join (collective); True if they are on
-        their way.  See :meth:`.growth.Growth.spawn`."""
-        with self._in_mpi():
-            return self._growth.spawn(count, hosts, oversubscribe)
-
-    def poll_join(self):
-        """At a step boundary (collective while a join is pending): adopt the spawned
-        processes if they are all ready; returns the growth event then, else None."""
-        with self._in_mpi():
-            return self._growth.poll()
-
-    def abandon_join(self, why=None):
-        """Give up the pending join (local; its processes exit without joining, saying
-        ``why``: see :meth:`.growth.Growth.abandon`)."""
-        self._growth.abandon(why)
-
-    def join(self):
-        """In a spawned process or a hot spare: join the running job; returns the
-        growth event.  A spare waits here until it is adopted, beating (outside
-        ``_in_mpi``), and again after an adoption that broke off."""
-        while True:
-            port = self._growth.await_adoption()
-            with self._in_mpi():
-                event = self._growth.join(port)
-            if event is not None:
-                return event
-
-    def adopt_spare(self, avoid_hosts=()):
-        """Connect a ready hot spare (collective); True if it is on its way.  See
-        :meth:`.growth.Growth.adopt_spare`."""
-        with self._in_mpi():
-            return self._growth.adopt_spare(avoid_hosts)
-
-    @property
-    def spares_in_place(self):
-        """True when this job's spares take a lost rank's number (a plain script's
-        spares wait in ``init()``, see :mod:`.spares`)."""
-        return self._growth.in_place
-
-    @property
-    def replacing(self):
-        """In a spare that was given a lost rank's number, until it joins: that number."""
-        return self._growth.replacing
-
-    def vacant_slots(self):
-        """Rank numbers of the starting ranks that no live rank holds (in-place spares)."""
-        return self._growth.vacant_slots()
-
-    def await_claim(self):
-        """In a spare of an in-place job, in ``init()``: wait (beating, outside MPI's
-        collectives) until rank 0 gives it a lost rank's number; from then on it
-        reports that rank and the job's starting size."""
-        self._waiting = self._growth.await_claim()
-
-    def claim_spares(self):
-        """After each commit: rank 0 gives vacant rank numbers to waiting spares.
-        See :meth:`.growth.Growth.claim_spares`."""
-        self._growth.claim_spares()
-
-    @property
-    def spares_left(self):
-        """Hot spares not adopted yet and not known to have failed (the same on every rank)."""
-        return len(self._growth.pool)
-
-    def release_spares(self):
-        """At the job's end: let the spares not adopted go."""
-        with self._in_mpi():
-            self._growth.release_spares()
-
     @contextlib.contextmanager
     def rehearsal(self):
         """Collectives inside run on this process alone (``COMM_SELF``).
@@ -478,150 +398,6 @@ class ResilientComm(CollectivesMixin):
             comm.Allreduce(np.array([flag], dtype=np.int64), result, op=self.MPI.BAND)
             return int(result[0])
         return self.run(None, attempt)
-
-    def revoke(self, comm):
-        """Revoke an mpi4py communicator, so that every member blocked on it returns."""
-        try:
-            if not comm.Is_revoked():
-                comm.Revoke()
-        except self.MPI.Exception:
-            pass
-
-    def retire(self, comm):
-        """Be done with an mpi4py communicator without freeing it (see
-        :func:`.mpi_env.retire`: a freed one makes later agreements unreliable)."""
-        mpi_env.retire(comm)
-
-    def settle(self, new):
-        """Wait until every live member of ``new``, a communicator just created, has
-        finished activating it: call it on every member before anyone may revoke it.
-
-        Open MPI 5.0.11 segfaults (``ompi_comm_revoke_local``) in a rank that
-        receives a revoke for a communicator it is still activating -- a fast rank
-        that met a failure in its first collective on it sent one (seen in CI: a
-        rank died inside a shrink).  A rank leaves an agreement only once every
-        live member entered it, so all of them have finished activating; its
-        outcome does not matter (the next collective finds any failure)."""
-        workarounds.used("settle")
-        try:
-            new.Agree(0)
-        except self.MPI.Exception:
-            pass
-
-    def replace(self, new, ids):
-        """Make ``new`` (an mpi4py communicator) the live one, ``ids`` the original id
-        of each of its ranks; the old one is retired."""
-        old = self._comm
-        self._comm, self._ids, self.original_id = new, list(ids), ids[new.rank]
-        self._waiting = None
-        self._stamps.renew()
-        if old is not new:
-            self.retire(old)
-
-    def book(self):
-        """The bookkeeping a process that joins takes over (picklable): hosts and
-        pids, membership history, sizes, the call history of :mod:`.signature`."""
-        return {"procs": self._procs, "events": self.events, "initial_size": self.initial_size,
-                "min_np": self.min_np, "predictor": self._predictor.state(),
-                "stamps": self._stamps.state(), "verify": self._verify_next}
-
-    def load_book(self, book):
-        """Take over the :meth:`book` of the running ranks (in a process that joins)."""
-        self._procs.update(book["procs"])
-        self.events = list(book["events"])
-        self.initial_size, self.min_np = book["initial_size"], book["min_np"]
-        self._predictor.load_state(book["predictor"])
-        self._stamps.load_state(book["stamps"])
-        self._verify_next = book["verify"]
-
-    def meet(self, extra=None):
-        """Learn every live rank's host and pid, with ``extra`` from each (a resilient
-        collective); returns the ``extra`` of every rank, in rank order."""
-        mine = (socket.gethostname(), os.getpid(), extra)
-        everyone = self.run(None, lambda c: c.allgather(mine))
-        self._procs.update((i, (host, pid)) for i, (host, pid, _) in zip(self._ids, everyone))
-        return [e for *_, e in everyone]
-
-    @contextlib.contextmanager
-    def folded(self, label):
-        """Collectives inside run under ``label``, and a repair inside records no event
-        of its own: the caller records one :meth:`record` for all of it, whose
-        ``lost`` says who was lost meanwhile (a join does)."""
-        saved, self.label, self._quiet = self.label, label, True
-        try:
-            yield
-        finally:
-            self._quiet, self.label = False, saved
-
-    def record(self, event):
-        """Append a membership event (the same on every rank) and announce it; raise
-        :class:`RanksBelowMinimumError` on every rank if too few are left."""
-        self.events.append(event)
-        try:
-            self.listeners.notify(event)
-        except Exception:  # a listener must not break the agreed control flow
-            print(f"elastic_hvd: a membership listener failed on rank {self.rank}:",
-                  file=sys.stderr)
-            traceback.print_exc()
-        if self.size < self.min_np:
-            self._below_min = RanksBelowMinimumError(self.size, self.min_np,
-                                                     [i for e in self.events for i in e.lost])
-            raise self._below_min
-
-    # -- repair -------------------------------------------------------------------
-    def repair(self, started=None):
-        """Revoke, shrink to the survivors, record and announce who was lost
-        (collective; ``started``: when the failing call began, for the event)."""
-        detected = time.perf_counter()
-        old, old_ids = self._comm, self._ids
-        self.revoke(old)
-        new = self._shrink(old)
-        positions = new.Get_group().Translate_ranks(list(range(new.size)), old.Get_group())
-        repaired = time.perf_counter()
-        self.replace(new, [old_ids[p] for p in positions])
-        lost = tuple(sorted(set(old_ids) - set(self._ids)))
-        if not lost:
-            self._verify_next = True
-            return
-        self._fence(lost)
-        if self._quiet:  # inside a join: reported in its event
-            return
-        self.record(MembershipEvent(
-            old_size=len(old_ids), new_size=new.size, lost=lost,
-            detect_s=detected - (started or detected), repair_s=repaired - detected,
-            sequence=len(self.events) + 1, during=self.label))
-
-    def _shrink(self, comm):
-        """``comm.Shrink()``: the survivors, settled (see :meth:`settle`).  ULFM
-        completes it uniformly despite failures; any other error is a broken MPI,
-        said plainly."""
-        try:
-            new = comm.Shrink()
-        except self.MPI.Exception as exc:
-            raise ElasticHvdError(f"cannot repair the communicator: MPI_Comm_shrink failed on "
-                                  f"original rank {self.original_id}: "
-                                  f"{exc.Get_error_string()}") from exc
-        new.Set_errhandler(self.MPI.ERRORS_RETURN)
-        faults.at_repair()
-        self.settle(new)
-        return new
-
-    def _fence(self, lost):
-        """Make sure evicted processes are gone (a hung rank must not come back).
-
-        The lowest survivor on each host kills the lost processes of its host;
-        that also lets ``mpirun`` exit once the survivors are done.
-        """
-        host = socket.gethostname()
-        local = [i for i in self._ids if self.host_of(i) == host]
-        if local and local[0] == self.original_id:
-            for i in lost:
-                lost_host, pid = self._procs.get(i, (None, None))
-                if lost_host == host:
-                    try:
-                        os.kill(pid, signal.SIGKILL)
-                    except OSError:
-                        pass
 
     # -- errors every rank raises ---------------------------------------------------
     def _mismatch(self, signature):

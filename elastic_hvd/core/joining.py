@@ -1,0 +1,93 @@
+"""The communicator's side of the join protocol (:mod:`.growth`): spawning processes,
+adopting them or a hot spare at a step boundary, and a new process's own join.
+
+Public so that the protocol never touches the communicator's fields: what it needs
+from the communicator is here, documented, and nothing else.  Each call that runs MPI
+collectives runs them as the main thread's MPI work (``_in_mpi``: the heartbeat's
+progress loop pauses meanwhile).
+"""
+
+
+
+class JoiningMixin:
+    """The join-protocol methods of :class:`~elastic_hvd.core.comm.ResilientComm`."""
+
+    @property
+    def joining(self):
+        """True in a process spawned into a running job until it has joined."""
+        return self._growth.joining
+
+    @property
+    def join_pending(self):
+        """True while spawned processes wait to be adopted (see :meth:`poll_join`)."""
+        return self._growth.pending
+
+    def spawn(self, count, hosts=(), oversubscribe=None):
+        """Start ``count`` processes that will join (collective); True if they are on
+        their way.  See :meth:`.growth.Growth.spawn`."""
+        with self._in_mpi():
+            return self._growth.spawn(count, hosts, oversubscribe)
+
+    def poll_join(self):
+        """At a step boundary (collective while a join is pending): adopt the spawned
+        processes if they are all ready; returns the growth event then, else None."""
+        with self._in_mpi():
+            return self._growth.poll()
+
+    def abandon_join(self, why=None):
+        """Give up the pending join (local; its processes exit without joining, saying
+        ``why``: see :meth:`.growth.Growth.abandon`)."""
+        self._growth.abandon(why)
+
+    def join(self):
+        """In a spawned process or a hot spare: join the running job; returns the
+        growth event.  A spare waits here until it is adopted, beating (outside
+        ``_in_mpi``), and again after an adoption that broke off."""
+        while True:
+            port = self._growth.await_adoption()
+            with self._in_mpi():
+                event = self._growth.join(port)
+            if event is not None:
+                return event
+
+    def adopt_spare(self, avoid_hosts=()):
+        """Connect a ready hot spare (collective); True if it is on its way.  See
+        :meth:`.growth.Growth.adopt_spare`."""
+        with self._in_mpi():
+            return self._growth.adopt_spare(avoid_hosts)
+
+    @property
+    def spares_in_place(self):
+        """True when this job's spares take a lost rank's number (a plain script's
+        spares wait in ``init()``, see :mod:`.spares`)."""
+        return self._growth.in_place
+
+    @property
+    def replacing(self):
+        """In a spare that was given a lost rank's number, until it joins: that number."""
+        return self._growth.replacing
+
+    def vacant_slots(self):
+        """Rank numbers of the starting ranks that no live rank holds (in-place spares)."""
+        return self._growth.vacant_slots()
+
+    def await_claim(self):
+        """In a spare of an in-place job, in ``init()``: wait (beating, outside MPI's
+        collectives) until rank 0 gives it a lost rank's number; from then on it
+        reports that rank and the job's starting size."""
+        self._waiting = self._growth.await_claim()
+
+    def claim_spares(self):
+        """After each commit: rank 0 gives vacant rank numbers to waiting spares.
+        See :meth:`.growth.Growth.claim_spares`."""
+        self._growth.claim_spares()
+
+    @property
+    def spares_left(self):
+        """Hot spares not adopted yet and not known to have failed (the same on every rank)."""
+        return len(self._growth.pool)
+
+    def release_spares(self):
+        """At the job's end: let the spares not adopted go."""
+        with self._in_mpi():
+            self._growth.release_spares()

@@ -1,0 +1,167 @@
+"""Membership and repair of the resilient communicator: revoke, shrink to the
+survivors, record and announce who was lost, make sure the lost are gone, and the
+bookkeeping (hosts, pids, history) a joining process takes over.
+
+Every method here is called on every live rank alike, from the agreed control flow
+of :mod:`.comm`: a repair starts only once the ranks agreed that one is needed.
+"""
+
+import contextlib
+import os
+import signal
+import socket
+import sys
+import time
+import traceback
+
+from . import faults, mpi_env, workarounds
+from .errors import ElasticHvdError, RanksBelowMinimumError
+from .membership import MembershipEvent
+
+
+class RepairMixin:
+    """The membership and repair methods of :class:`~elastic_hvd.core.comm.ResilientComm`."""
+
+    def revoke(self, comm):
+        """Revoke an mpi4py communicator, so that every member blocked on it returns."""
+        try:
+            if not comm.Is_revoked():
+                comm.Revoke()
+        except self.MPI.Exception:
+            pass
+
+    def retire(self, comm):
+        """Be done with an mpi4py communicator without freeing it (see
+        :func:`.mpi_env.retire`: a freed one makes later agreements unreliable)."""
+        mpi_env.retire(comm)
+
+    def settle(self, new):
+        """Wait until every live member of ``new``, a communicator just created, has
+        finished activating it: call it on every member before anyone may revoke it.
+
+        Open MPI 5.0.11 segfaults (``ompi_comm_revoke_local``) in a rank that
+        receives a revoke for a communicator it is still activating -- a fast rank
+        that met a failure in its first collective on it sent one (seen in CI: a
+        rank died inside a shrink).  A rank leaves an agreement only once every
+        live member entered it, so all of them have finished activating; its
+        outcome does not matter (the next collective finds any failure)."""
+        workarounds.used("settle")
+        try:
+            new.Agree(0)
+        except self.MPI.Exception:
+            pass
+
+    def replace(self, new, ids):
+        """Make ``new`` (an mpi4py communicator) the live one, ``ids`` the original id
+        of each of its ranks; the old one is retired."""
+        old = self._comm
+        self._comm, self._ids, self.original_id = new, list(ids), ids[new.rank]
+        self._waiting = None
+        self._stamps.renew()
+        if old is not new:
+            self.retire(old)
+
+    def book(self):
+        """The bookkeeping a process that joins takes over (picklable): hosts and
+        pids, membership history, sizes, the call history of :mod:`.signature`."""
+        return {"procs": self._procs, "events": self.events, "initial_size": self.initial_size,
+                "min_np": self.min_np, "predictor": self._predictor.state(),
+                "stamps": self._stamps.state(), "verify": self._verify_next}
+
+    def load_book(self, book):
+        """Take over the :meth:`book` of the running ranks (in a process that joins)."""
+        self._procs.update(book["procs"])
+        self.events = list(book["events"])
+        self.initial_size, self.min_np = book["initial_size"], book["min_np"]
+        self._predictor.load_state(book["predictor"])
+        self._stamps.load_state(book["stamps"])
+        self._verify_next = book["verify"]
+
+    def meet(self, extra=None):
+        """Learn every live rank's host and pid, with ``extra`` from each (a resilient
+        collective); returns the ``extra`` of every rank, in rank order."""
+        mine = (socket.gethostname(), os.getpid(), extra)
+        everyone = self.run(None, lambda c: c.allgather(mine))
+        self._procs.update((i, (host, pid)) for i, (host, pid, _) in zip(self._ids, everyone))
+        return [e for *_, e in everyone]
+
+    @contextlib.contextmanager
+    def folded(self, label):
+        """Collectives inside run under ``label``, and a repair inside records no event
+        of its own: the caller records one :meth:`record` for all of it, whose
+        ``lost`` says who was lost meanwhile (a join does)."""
+        saved, self.label, self._quiet = self.label, label, True
+        try:
+            yield
+        finally:
+            self._quiet, self.label = False, saved
+
+    def record(self, event):
+        """Append a membership event (the same on every rank) and announce it; raise
+        :class:`RanksBelowMinimumError` on every rank if too few are left."""
+        self.events.append(event)
+        try:
+            self.listeners.notify(event)
+        except Exception:  # a listener must not break the agreed control flow
+            print(f"elastic_hvd: a membership listener failed on rank {self.rank}:",
+                  file=sys.stderr)
+            traceback.print_exc()
+        if self.size < self.min_np:
+            self._below_min = RanksBelowMinimumError(self.size, self.min_np,
+                                                     [i for e in self.events for i in e.lost])
+            raise self._below_min
+
+    # -- repair -------------------------------------------------------------------
+    def repair(self, started=None):
+        """Revoke, shrink to the survivors, record and announce who was lost
+        (collective; ``started``: when the failing call began, for the event)."""
+        detected = time.perf_counter()
+        old, old_ids = self._comm, self._ids
+        self.revoke(old)
+        new = self._shrink(old)
+        positions = new.Get_group().Translate_ranks(list(range(new.size)), old.Get_group())
+        repaired = time.perf_counter()
+        self.replace(new, [old_ids[p] for p in positions])
+        lost = tuple(sorted(set(old_ids) - set(self._ids)))
+        if not lost:
+            self._verify_next = True
+            return
+        self._fence(lost)
+        if self._quiet:  # inside a join: reported in its event
+            return
+        self.record(MembershipEvent(
+            old_size=len(old_ids), new_size=new.size, lost=lost,
+            detect_s=detected - (started or detected), repair_s=repaired - detected,
+            sequence=len(self.events) + 1, during=self.label))
+
+    def _shrink(self, comm):
+        """``comm.Shrink()``: the survivors, settled (see :meth:`settle`).  ULFM
+        completes it uniformly despite failures; any other error is a broken MPI,
+        said plainly."""
+        try:
+            new = comm.Shrink()
+        except self.MPI.Exception as exc:
+            raise ElasticHvdError(f"cannot repair the communicator: MPI_Comm_shrink failed on "
+                                  f"original rank {self.original_id}: "
+                                  f"{exc.Get_error_string()}") from exc
+        new.Set_errhandler(self.MPI.ERRORS_RETURN)
+        faults.at_repair()
+        self.settle(new)
+        return new
+
+    def _fence(self, lost):
+        """Make sure evicted processes are gone (a hung rank must not come back).
+
+        The lowest survivor on each host kills the lost processes of its host;
+        that also lets ``mpirun`` exit once the survivors are done.
+        """
+        host = socket.gethostname()
+        local = [i for i in self._ids if self.host_of(i) == host]
+        if local and local[0] == self.original_id:
+            for i in lost:
+                lost_host, pid = self._procs.get(i, (None, None))
+                if lost_host == host:
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except OSError:
+                        pass
