@@ -1,19 +1,19 @@
 """Liveness: MPI progress that needs no GIL, and a stall watchdog that counts progress.
 
-**Heartbeats without the GIL.**  Open MPI's heartbeat detector (``mpi_ft_detector``)
-sends and checks heartbeats only while something drives MPI progress.  A Python
-thread calling ``Iprobe`` (what we did before) needs the GIL, so a rank inside a
-long C call that holds the GIL (a big ``re`` match, a C extension that never
-releases it) stopped beating and was evicted -- and SIGKILLed by the fence --
-although it was alive.  Open MPI's own ``mpi_ft_detector_thread`` is unusable in
-5.0.11 (it crashes ``MPI_Init`` now and then and hangs ``MPI_Finalize``; see
-docs/liveness.md).  So :class:`NativeProgress` builds the progress loop out of
-native parts only: a private libevent base with a persistent timer whose callback
-is ``opal_progress`` itself, run by ``event_base_loop`` through ctypes.  ctypes
-releases the GIL for the duration of a foreign call, and that call only returns
-when we stop it: the loop sleeps in ``epoll_wait`` and calls ``opal_progress``
-every ``period / 10`` without ever touching Python.  A stopped (SIGSTOP) or
-frozen process stops beating, which is what the detector is for.
+**Heartbeats without the GIL.** Open MPI's heartbeat detector (``mpi_ft_detector``)
+sends and checks heartbeats only while something drives MPI progress. A Python
+thread calling ``Iprobe`` would need the GIL, so a rank inside a long C call that
+holds the GIL (a big ``re`` match, a C extension that never releases it) would stop
+beating and be evicted -- and SIGKILLed by the fence -- although alive (measured).
+Open MPI's own ``mpi_ft_detector_thread`` is unusable in 5.0.11 (it crashes
+``MPI_Init`` now and then and hangs ``MPI_Finalize``; see docs/liveness.md). So
+:class:`NativeProgress` builds the progress loop out of native parts only: a private
+libevent base with a persistent timer whose callback is ``opal_progress`` itself,
+run by ``event_base_loop`` through ctypes. ctypes releases the GIL for the duration
+of a foreign call, and that call only returns when we stop it: the loop sleeps in
+``epoll_wait`` and calls ``opal_progress`` every ``period / 10`` without ever
+touching Python. A stopped (SIGSTOP) or frozen process stops beating, which is what
+the detector is for.
 
 **Never beside a collective.**  The loop is paused while the main thread is inside
 a collective (:meth:`Heartbeat.enter` / :meth:`~Heartbeat.leave`), which drives
