@@ -2,6 +2,7 @@
 stack when a 2-rank ``model.fit`` step calls ``MPI_Allreduce``.
 
     python bench/step_frames.py            # launches the 2-rank job, prints the frames
+    python bench/step_frames.py --tree T   # the same with the elastic_hvd of tree T
 
 The worker (``--worker``, run by ``elastic-hvd-run``) wraps the core function that
 calls ``Allreduce`` so that rank 0 records the stack at the first call made inside
@@ -19,8 +20,6 @@ from pathlib import Path
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import worker_result  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
-LIBRARY = (str(ROOT / "elastic_hvd"), str(ROOT / "keras_callbacks"))
 
 
 def worker():
@@ -29,6 +28,9 @@ def worker():
 
     import elastic_hvd.tensorflow.keras as hvd
     from elastic_hvd.core import collectives
+
+    root = Path(hvd.__file__).resolve().parents[3]  # the tree imported (see main)
+    library = (str(root / "elastic_hvd"), str(root / "keras_callbacks"))
 
     hvd.init()
     seen = {}
@@ -48,23 +50,28 @@ def worker():
     seen["fitting"] = True
     model.fit(x, y, batch_size=8, epochs=1, verbose=0)
     if hvd.rank() == 0:
-        frames = [f"{os.path.relpath(f.filename, ROOT)}:{f.lineno} {f.name}"
-                  for f in seen["stack"] if f.filename.startswith(LIBRARY)]
+        frames = [f"{os.path.relpath(f.filename, root)}:{f.lineno} {f.name}"
+                  for f in seen["stack"] if f.filename.startswith(library)]
         files = sorted({frame.split(":")[0] for frame in frames})
         print(worker_result.PREFIX + json.dumps({"frames": frames, "files": files,
-                                                  "all_frames": len(seen["stack"])}),
-              flush=True)
+                                                  "all_frames": len(seen["stack"]),
+                                                  "tree": str(root)}), flush=True)
 
 
 def main():
+    tree = sys.argv[sys.argv.index("--tree") + 1] if "--tree" in sys.argv else None
     run = [str(Path(sys.executable).parent / "elastic-hvd-run"), "-np", "2",
+           *(["-x", f"PYTHONPATH={tree}"] if tree else []),
            sys.executable, os.path.abspath(__file__), "--worker"]
-    result = worker_result.run(run, timeout=600)
+    # In the tree: a rank runs ``python -m``, which puts its working directory first.
+    result = worker_result.run(run, timeout=600, cwd=tree,
+                               env={**os.environ, "PYTHONPATH": tree} if tree else None)
     print("library frames from Keras's step to MPI_Allreduce (outermost first):")
     for frame in result["frames"]:
         print("  " + frame)
-    print(f"step_frames: {len(result['frames'])} library frames in {len(result['files'])} "
-          f"files ({', '.join(result['files'])}); {result['all_frames']} frames in all")
+    print(f"step_frames ({result['tree']}): {len(result['frames'])} library frames in "
+          f"{len(result['files'])} files ({', '.join(result['files'])}); "
+          f"{result['all_frames']} frames in all")
 
 
 if __name__ == "__main__":
