@@ -41,21 +41,28 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--trees", nargs=2, required=True, metavar=("BEFORE", "AFTER"))
     p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--only", choices=["mobilenet", "mlp"], help="one workload only")
+    p.add_argument("--mlp-steps", type=int, default=100, help="timed steps of the MLP")
     args = p.parse_args()
+    WORKLOADS["200-variable MLP fit steps/s"][-1] = str(args.mlp_steps)
+    workloads = {w: a for w, a in WORKLOADS.items() if args.only in (None, a[1])}
     trees = [str(Path(t).resolve()) for t in args.trees]
-    seen = {(w, t): [] for w in WORKLOADS for t in trees}
+    seen = {(w, t): [] for w in workloads for t in trees}
     for r in range(args.runs):
-        for workload, worker_args in WORKLOADS.items():
+        for workload, worker_args in workloads.items():
             for tree in trees if r % 2 == 0 else trees[::-1]:
                 result = run(tree, worker_args)
                 value = result["fit_img_per_s"] if "img" in workload else 1e3 / result["step_ms"]
                 seen[workload, tree].append(value)
                 print(f"round {r + 1}: {workload}: {tree}: {value:.2f}", flush=True)
-    print(f"\n| workload | before ({trees[0]}) | after ({trees[1]}) | after/before |")
+    print(f"\n| workload | before ({trees[0]}) | after ({trees[1]}) | after/before of the "
+          "medians |")
     print("|---|---|---|---|")
-    for workload in WORKLOADS:
+    for workload in workloads:
         before, after = (statistics.median(seen[workload, t]) for t in trees)
-        print(f"| {workload} | {before:.2f} | {after:.2f} | {after / before:.3f} |")
+        ratios = [a / b for b, a in zip(seen[workload, trees[0]], seen[workload, trees[1]])]
+        print(f"| {workload} | {before:.2f} | {after:.2f} | {after / before:.3f} "
+              f"(per round: {', '.join(f'{x:.3f}' for x in ratios)}) |")
 
 
 if __name__ == "__main__":
