@@ -203,8 +203,9 @@ class WaitingBoard:
         """The board at ``chosen`` (the setting), else the job's (see above)."""
         if chosen:
             return cls(chosen)
-        if config.read("status_dir", environ):
-            return cls(Path(config.read("status_dir", environ)) / "waiting")
+        status_dir = config.read("status_dir", environ)
+        if status_dir:
+            return cls(Path(status_dir) / "waiting")
         return cls(environ.get("PMIX_SERVER_TMPDIR"))
 
     def say_waiting(self):

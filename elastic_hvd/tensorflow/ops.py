@@ -88,13 +88,17 @@ def _to_tensor(array, dtype):
     """
     dtype = tf.as_dtype(dtype)
     if (isinstance(array, np.ndarray) and array.flags.writeable and array.flags.c_contiguous
-            and array.ctypes.data % 64 == 0 and array.dtype == dtype.as_numpy_dtype
+            and array.ctypes.data % reducer.ALIGN == 0 and array.dtype == dtype.as_numpy_dtype
             and array.size):
         try:
             return tf.experimental.dlpack.from_dlpack(array.__dlpack__())
         except (BufferError, TypeError, ValueError, tf.errors.InvalidArgumentError):
             pass
     return tf.convert_to_tensor(array, dtype=dtype)
+
+
+#: The errors of a collective that its op raises as Horovod's TF op raises them.
+_RAISED_AS_TENSORFLOW = (ElasticHvdError, ValueError)
 
 
 def raised_as_tensorflow(fn, *args):
@@ -104,7 +108,7 @@ def raised_as_tensorflow(fn, *args):
     lines a rank)."""
     try:
         return fn(*args)
-    except (ElasticHvdError, ValueError) as exc:
+    except _RAISED_AS_TENSORFLOW as exc:
         raise for_tensorflow(exc).with_traceback(None) from None
 
 
@@ -133,7 +137,7 @@ def numpy_op(name, fn, inputs, tout, collective=True, into_variables=False):
                     result = fn(*arrays)
             else:
                 result = fn(*arrays)
-        except (ElasticHvdError, ValueError) as exc:
+        except _RAISED_AS_TENSORFLOW as exc:
             error = for_tensorflow(exc)
             if not (in_graph and isinstance(error, tf.errors.FailedPreconditionError)):
                 raise error.with_traceback(None) from None
