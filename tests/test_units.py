@@ -49,10 +49,6 @@ class _Cluster:
         self.session = Session(self)
         self.samplers = {}
 
-    def consistent(self, attempt):
-        """Session.step_transaction's collectives: none here, so nothing to redo."""
-        return attempt()
-
     def start(self, num_samples, batch_size, **kwargs):
         self.samplers = {i: ElasticSampler(_Rank(self, i), num_samples, batch_size, **kwargs)
                          for i in self.ids}
@@ -64,7 +60,7 @@ class _Cluster:
 
     def commit(self):
         """The step commits through the public path: the session names ``ids``."""
-        self.session.step_transaction(lambda: None)
+        self.session.commit()
 
     def lose(self, original_id):
         self.ids = [i for i in self.ids if i != original_id]
@@ -367,17 +363,17 @@ def test_refusals_say_what_is_not_supported_and_why():
 
 def test_reduce_input_widens_float16_prescales_and_never_writes_the_input():
     x = np.array([1.0, 2.5], dtype=np.float16)
-    send = collectives._reduce_input(x, 2.0)
+    send = reducer.reduce_input(x, 2.0)
     assert send.dtype == np.float32 and send.tolist() == [2.0, 5.0]
     assert x.tolist() == [1.0, 2.5]
     y = np.arange(3, dtype=np.int64)
-    assert collectives._reduce_input(y, 1.0) is y  # nothing to do: no copy
+    assert reducer.reduce_input(y, 1.0) is y  # nothing to do: no copy
     with pytest.raises(TypeError, match="bool"):
-        collectives._reduce_input(np.array([True]), 1.0)
+        reducer.reduce_input(np.array([True]), 1.0)
 
 
 def test_scale_rounds_dtype_by_dtype_as_horovods_scale_buffer():
-    scale = collectives._scale
+    scale = reducer._scale
     # Integers: a float64 product, truncated toward zero (not floored).
     got = scale(np.array([7, -7, -3], dtype=np.int32), 0.5, np.dtype(np.int32))
     assert got.dtype == np.int32 and got.tolist() == [3, -3, -1]
@@ -393,7 +389,7 @@ def test_scale_rounds_dtype_by_dtype_as_horovods_scale_buffer():
 
 
 def test_finish_reduce_scales_and_casts_back_but_leaves_a_factor_of_one():
-    finish = collectives._finish_reduce
+    finish = reducer.finish_reduce
     got = finish(np.array([2.0, 5.0], dtype=np.float32), np.dtype(np.float16), 0.5)
     assert got.dtype == np.float16 and got.tolist() == [1.0, 2.5]
     assert finish(np.array([2.0, 5.0]), np.dtype(np.float64), 1.5).tolist() == [3.0, 7.5]
@@ -420,11 +416,11 @@ def test_allreduce_pieces_cover_the_buffer_and_scale_each_piece():
     send = np.arange(10, dtype=np.float32)
     target = np.empty_like(send)
     comm = _TwoRanksAllreduce()
-    collectives._allreduce_pieces(comm, send, target, "sum", np.float32(0.5), 16)  # 4 a piece
+    reducer._allreduce_pieces(comm, send, target, "sum", np.float32(0.5), 16)  # 4 a piece
     assert comm.pieces == [4, 4, 2]
     assert target.tolist() == send.tolist()  # sum of two, averaged
     comm = _TwoRanksAllreduce()
-    collectives._allreduce_pieces(comm, send, target, "sum", None, 0)  # 0: one call
+    reducer._allreduce_pieces(comm, send, target, "sum", None, 0)  # 0: one call
     assert comm.pieces == [10] and target.tolist() == (2 * send).tolist()
 
 

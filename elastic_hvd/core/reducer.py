@@ -1,12 +1,14 @@
-"""One optimizer step's gradient traffic, without TensorFlow: fusion into buffers, the
-gathers of sparse gradients, and the step transaction around all of them.
+"""One optimizer step's gradient traffic, without TensorFlow: the allreduce of a buffer,
+fusion into buffers, the gathers of sparse gradients, and the step transaction around
+all of them.
 
 The TF layer turns a step's gradients into numpy arrays, calls :func:`reduce_step`
 once (one op per step) and turns the results back into tensors.  Everything in
-between -- which arrays share a buffer and how a buffer is laid out, how slices are
-gathered and averaged, and that all of it runs with one membership and commits the
-step (:mod:`.session`) -- happens here, on the core's side, so that the way from the
-op to ``MPI_Allreduce`` never leaves the core once it entered it.
+between -- which arrays share a buffer and how a buffer is laid out, how a buffer is
+reduced, scaled and averaged as Horovod does it, how slices are gathered, and that
+all of it runs with one membership and commits the step (:mod:`.session`) -- is in
+this file, so that a reader follows a gradient from the op to ``MPI_Allreduce``
+through it and the agreed transaction (:mod:`.comm`) alone.
 """
 
 from collections.abc import Sequence
@@ -14,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from . import config, runtime
-from .ops import ReduceOp
+from . import config, process
+from .ops import ReduceOp, check_op, mpi_ops
 
 #: Bytes: TF shares a result's memory without a copy only when it is 64-byte aligned.
 ALIGN = 64
@@ -23,6 +25,127 @@ ALIGN = 64
 #: Dtypes numpy cannot reduce, reduced in a wider one (by name: bfloat16 is
 #: ml_dtypes', which TF registers with numpy).
 _WIDEN = {"bfloat16": np.dtype(np.float32)}
+
+
+# Dtypes MPI reduces natively; float16 is reduced in float32 and rounded back once
+# (Horovod's float16 sum rounds after every addition: the same result on two ranks).
+_REDUCIBLE = {np.dtype(t) for t in (
+    np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32, np.int64, np.uint64,
+    np.float32, np.float64)}
+
+
+def contiguous(array: Any) -> np.ndarray:
+    """``array`` as a C-contiguous numpy array (itself when it is one already)."""
+    array = np.asarray(array)
+    return array if array.flags.c_contiguous else np.ascontiguousarray(array)
+
+
+def reduce_input(x: np.ndarray, prescale_factor: float) -> np.ndarray:
+    """What a rank contributes to a reduction: float16 widened, prescaled (see :func:`_scale`)."""
+    if x.dtype in _REDUCIBLE:
+        work = x.dtype
+    elif x.dtype == np.float16:
+        work = np.dtype(np.float32)
+    else:
+        raise TypeError(f"cannot reduce arrays of dtype {x.dtype}")
+    send = x if work == x.dtype else x.astype(work)
+    return send if prescale_factor == 1.0 else _scale(send, prescale_factor, x.dtype)
+
+
+def _scale(values, factor, dtype):
+    """``values`` (an array of ``dtype``, float16 held in float32) times ``factor``, as
+    Horovod's ``ScaleBuffer`` computes it for ``dtype`` (horovod/common/ops/
+    collective_operations.cc), so that scaled results match Horovod's to the bit:
+    integers in float64, truncated toward zero on the way back; float16 in float32
+    from its float16 value, rounded to float16; float32 and float64 in their own
+    precision, the factor rounded to it.  A new array: ``values`` may be an input."""
+    if values.dtype.kind in "iu":
+        return (values * float(factor)).astype(values.dtype)
+    if dtype == np.float16:
+        halves = values.astype(np.float16).astype(np.float32)
+        return (halves * np.float32(factor)).astype(np.float16).astype(np.float32)
+    return values * values.dtype.type(factor)
+
+
+def finish_reduce(out: np.ndarray, dtype: Any, factor: float) -> np.ndarray:
+    """The reduced ``out`` times ``factor`` -- the postscale factor, divided by the live
+    size for Average, as Horovod averages -- cast back to ``dtype``.  A factor of 1
+    leaves the sum as it is (an integer Sum is never rounded through float64)."""
+    if factor != 1.0:
+        out = _scale(out, factor, dtype)
+    return out.astype(dtype, copy=False)
+
+
+def _allreduce_pieces(comm, send, target, mpi_op, scale, piece_bytes):
+    """``target`` = reduction of ``send`` over ``comm``, ``piece_bytes`` at a time
+    (``config.allreduce_piece_bytes``, 1 MiB; 0: one call).
+
+    Why pieces: a whole-buffer call has Open MPI allocate a temporary above glibc's
+    mmap threshold (page faults on every call) and stream it through memory twice;
+    1 MiB pieces stay in cache and reuse one temporary -- three times faster for
+    64 MiB on the machine of docs/measurements.md.
+
+    ``scale`` (a scalar of ``target``'s dtype, or None) multiplies each reduced piece
+    while it is still in cache, which saves a second pass over a large result.
+    """
+    step = max(1, piece_bytes // send.itemsize) if piece_bytes > 0 else send.size
+    if step >= send.size:  # one piece: the common small call, without slicing
+        comm.Allreduce(send, target, op=mpi_op)
+        if scale is not None:
+            target *= scale
+        return
+    send, target = send.reshape(-1), target.reshape(-1)
+    for start in range(0, send.size, step):
+        piece = target[start:start + step]
+        comm.Allreduce(send[start:start + step], piece, op=mpi_op)
+        if scale is not None:
+            piece *= scale
+
+
+
+def allreduce(comm: Any, array: np.ndarray, op: int = ReduceOp.SUM, prescale_factor: float = 1.0,
+              postscale_factor: float = 1.0, out: np.ndarray | None = None,
+              shapes: Sequence[Any] | None = None) -> np.ndarray:
+    """Reduce ``array`` over all live ranks of ``comm``; Average divides by the live size.
+
+    ``ResilientComm.allreduce`` is this function.  ``out`` (optional, not aliasing
+    ``array``) receives the result and saves an allocation per call.  Scaling and
+    averaging round as Horovod's do (see :func:`_scale`): an integer average is
+    truncated toward zero.
+
+    ``shapes``: when ``array`` is a buffer that packs arrays of these shapes end to
+    end (a fused allreduce), the call's signature carries them instead of the
+    buffer's flat shape, which would let ranks that pack tensors of equal sizes but
+    other shapes (4x6 and 6x4) reduce elements that do not correspond; Horovod
+    refuses them (its coordinator compares each tensor's full shape).
+    """
+    x = contiguous(array)
+    pieces = config.current().allreduce_piece_bytes
+    # The piece size is part of the call: ranks cutting differently would mismatch.
+    signature = ("allreduce", x.dtype.str, x.shape if shapes is None else tuple(shapes),
+                 int(op), float(prescale_factor), float(postscale_factor), pieces)
+
+    def attempt(mpi_comm):  # validation happens here, once ranks agree on the call
+        mpi_op = mpi_ops(comm.MPI)[check_op(op)]
+        send = reduce_input(x, prescale_factor)
+        if out is not None and (out.shape != x.shape or out.dtype != x.dtype):
+            raise ValueError(f"out has shape {out.shape} and dtype {out.dtype}; "
+                             f"expected {x.shape} and {x.dtype}")
+        target = out if out is not None and send.dtype == out.dtype else np.empty_like(send)
+        factor = postscale_factor / (mpi_comm.size if op == ReduceOp.AVERAGE else 1)
+        # float32/float64 are scaled piece by piece while in cache; the others need
+        # their own rounding (_scale), done once the sum is complete.
+        in_pieces = factor != 1.0 and target.dtype == x.dtype and x.dtype.kind == "f"
+        _allreduce_pieces(mpi_comm, send, target, mpi_op,
+                          target.dtype.type(factor) if in_pieces else None, pieces)
+        return target, 1.0 if in_pieces else factor
+
+    result, factor = comm.run(signature, attempt)
+    result = finish_reduce(result, x.dtype, factor)
+    if out is not None and result is not out:
+        out[...] = result
+        return out
+    return result
 
 
 def aligned_empty(count: int, dtype: Any) -> np.ndarray:
@@ -100,19 +223,19 @@ def true_division_dtype(dtype: Any) -> np.dtype:
     return np.dtype(np.float32 if dtype.itemsize <= 2 else np.float64)
 
 
-def reduce_step(*arrays: np.ndarray, sizes: Sequence[int], op: int, prescale_factor: float,
-                postscale_factor: float, commit: bool) -> list:
-    """Every collective of one optimizer step, with one membership, on the live
-    communicator.
+def reduce_step(comm: Any, *arrays: np.ndarray, sizes: Sequence[int], op: int,
+                prescale_factor: float, postscale_factor: float, commit: bool) -> list:
+    """Every collective of one optimizer step, with one membership, on ``comm``.
 
     ``arrays``: dense arrays, ``sizes[g]`` of them for group ``g`` (each group fused
     separately), then a ``(values, indices)`` pair per sparse gradient, whose parts are
-    gathered from every rank (Average divides the values by the live size).  With
-    ``commit`` it is the step transaction of :mod:`.session`: a rank lost anywhere
-    inside makes the survivors redo all of it, and its end commits the step.
+    gathered from every rank (Average divides the values by the live size).  All of
+    it is one agreed transaction (``comm.consistent``): a rank lost anywhere inside
+    makes the survivors redo all of it.  With ``commit`` it is the step transaction
+    of :mod:`.session`, whose end commits the step there.
     Returns the dense results, then the gathered pairs, flat, in the same order.
     """
-    comm, dense = runtime.current("a step's gradients"), sum(sizes)
+    dense = sum(sizes)
 
     def attempt():
         out, start = [], 0
@@ -128,4 +251,7 @@ def reduce_step(*arrays: np.ndarray, sizes: Sequence[int], op: int, prescale_fac
             out += [values, comm.allgather(arrays[k + 1])]
         return out
 
-    return runtime.session().step_transaction(attempt) if commit else comm.consistent(attempt)
+    result = comm.consistent(attempt)
+    if commit:
+        process.runtime().session.commit()
+    return result

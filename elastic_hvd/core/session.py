@@ -5,11 +5,12 @@ several: one per dtype or fusion buffer, per gradient group, two gathers per
 sparse gradient.  If a rank died between two of them, the first would hold its
 contribution and the second not -- the step would mix two memberships, and the
 data layer could not tell whether the dead rank's samples were trained.  So all
-gradient traffic of a step runs in :meth:`Session.step_transaction`: if the
-membership changed anywhere inside it, the whole of it is run again by the
-survivors on the same local inputs.  Its end is the step's **commit**: the ranks
-whose gradients the step holds are exactly ``comm.ids`` at that moment, the same
-on every survivor, and commit listeners (the data sampler) learn it there.
+gradient traffic of a step is one *step transaction* (``reducer.reduce_step``): if
+the membership changed anywhere inside it, the whole of it is run again by the
+survivors on the same local inputs.  Its end is the step's **commit**
+(:meth:`Session.commit`): the ranks whose gradients the step holds are exactly
+``comm.ids`` at that moment, the same on every survivor, and commit listeners (the
+data sampler) learn it there.
 
 Membership changes are applied in one place too.  The session exists from
 ``init()`` on and the communicator keeps every event, so a handler registered
@@ -41,17 +42,12 @@ class Session:
         self._handlers = {}       # kind -> (order, handler)
         self._applied = {}        # kind -> number of events that kind has applied
 
-    # -- the step transaction -------------------------------------------------------
-    def step_transaction(self, attempt):
-        """``attempt()`` -- every collective of one optimizer step -- with one membership.
-
-        ``attempt`` must not change its inputs (it may run more than once).  Returns
-        its result, computed by the ranks that are alive when the step commits.
-        """
-        result = self.comm.consistent(attempt)
+    # -- the step's commit point ---------------------------------------------------
+    def commit(self):
+        """The step transaction (``reducer.reduce_step``) completed: the step holds the
+        gradients of exactly ``comm.ids``, alike on every survivor."""
         self.step += 1
         self.commits.notify(self.comm.ids)
-        return result
 
     # -- membership handlers --------------------------------------------------------
     def register(self, kind, order, handler):

@@ -117,8 +117,7 @@ def broadcast_variables(variables, root_rank, process_set=global_process_set, in
     if not variables:
         return tf.group()
 
-    def fn(*arrays):
-        comm = runtime.current("broadcast_variables")
+    def fn(comm, *arrays):
         out = [None] * len(arrays)
         by_dtype = {}
         for i, a in enumerate(arrays):

@@ -113,11 +113,12 @@ def raised_as_tensorflow(fn, *args):
 
 
 def numpy_op(name, fn, inputs, tout, collective=True, into_variables=False):
-    """Run ``fn`` (numpy in, numpy out) as a stateful op, traced in the timeline; in a
-    TF1 graph, a ``collective`` is ordered after the graph's earlier ones, and none
-    after one ``into_variables`` (a broadcast whose results only go into variables),
-    see :mod:`.ordering`.  Its errors are raised as :func:`raised_as_tensorflow` says;
-    in a graph, a mismatch comes back as a last output, whose error the graph raises."""
+    """Run ``fn(comm, *arrays)`` (the live communicator, numpy in, numpy out) as a
+    stateful op, traced in the timeline; in a TF1 graph, a ``collective`` is ordered
+    after the graph's earlier ones, and none after one ``into_variables`` (a
+    broadcast whose results only go into variables), see :mod:`.ordering`.  Its
+    errors are raised as :func:`raised_as_tensorflow` says; in a graph, a mismatch
+    comes back as a last output, whose error the graph raises."""
     many = isinstance(tout, (list, tuple))
     touts = list(tout) if many else [tout]
     # No graph to order: skip py_func's machinery (its cost per call: docs/measurements.md).
@@ -134,9 +135,9 @@ def numpy_op(name, fn, inputs, tout, collective=True, into_variables=False):
             if chained:
                 me.ran()
                 with ordering.lock:
-                    result = fn(*arrays)
+                    result = fn(comm, *arrays)
             else:
-                result = fn(*arrays)
+                result = fn(comm, *arrays)
         except _RAISED_AS_TENSORFLOW as exc:
             error = for_tensorflow(exc)
             if not (in_graph and isinstance(error, tf.errors.FailedPreconditionError)):
@@ -252,8 +253,8 @@ def reduce_together(groups, sparse, op, prescale_factor=1.0, postscale_factor=1.
 def _grouped_allreduce_raw(tensors, op, prescale_factor, postscale_factor, name):
     prescale_factor, postscale_factor = _attribute(prescale_factor), _attribute(postscale_factor)
 
-    def fn(*arrays):
-        return reducer.fused_allreduce(_comm(), arrays, op, prescale_factor, postscale_factor)
+    def fn(comm, *arrays):
+        return reducer.fused_allreduce(comm, arrays, op, prescale_factor, postscale_factor)
 
     outputs = numpy_op(name or "HorovodGroupedAllreduce", fn, tensors,
                         [t.dtype for t in tensors])
@@ -285,8 +286,7 @@ def allreduce_tensors(tensors, op, prescale_factor=1.0, postscale_factor=1.0, na
 
 def _allgather_raw(tensor, name):
     """(gathered, first row of this rank's part in it), both of the same membership."""
-    def fn(x):
-        comm = _comm()
+    def fn(comm, x):
         gathered, rows = comm.allgather(x, return_counts=True)
         return gathered, rows[:comm.rank].sum()
 
@@ -316,8 +316,7 @@ def allgather_tensor(tensor, name=None):
 def broadcast_tensor(tensor, root_rank, name=None):
     name = name or "HorovodBroadcast"
 
-    def fn(a):
-        comm = _comm()
+    def fn(comm, a):
         ids = comm.ids
         result = comm.broadcast(a, root_rank=root_rank)
         return result, np.bool_(comm.root_id(ids, root_rank) == comm.original_id)
@@ -339,29 +338,29 @@ def broadcast_tensor(tensor, root_rank, name=None):
 
 
 def _scalar_op(name, value):
-    return numpy_op(name, lambda: np.int32(value()), [], tf.int32, collective=False)
+    return numpy_op(name, lambda comm: np.int32(value(comm)), [], tf.int32, collective=False)
 
 
 def size_op(process_set_id=0, name=None):
     """The live size, read when the op runs."""
-    return _scalar_op(name or "HorovodSize", lambda: _comm().size)
+    return _scalar_op(name or "HorovodSize", lambda comm: comm.size)
 
 
 def rank_op(name=None):
     """The live rank, read when the op runs."""
-    return _scalar_op(name or "HorovodRank", lambda: _comm().rank)
+    return _scalar_op(name or "HorovodRank", lambda comm: comm.rank)
 
 
 def local_size_op(name=None):
     """The live local size (:func:`~elastic_hvd.basics.local_size`), read when the op runs."""
     from .. import basics
-    return _scalar_op(name or "HorovodLocalSize", basics.local_size)
+    return _scalar_op(name or "HorovodLocalSize", lambda comm: basics.local_size())
 
 
 def local_rank_op(name=None):
     """The live local rank (:func:`~elastic_hvd.basics.local_rank`), read when the op runs."""
     from .. import basics
-    return _scalar_op(name or "HorovodLocalRank", basics.local_rank)
+    return _scalar_op(name or "HorovodLocalRank", lambda comm: basics.local_rank())
 
 
 def process_set_included_op(process_set_id=0, name=None):
@@ -370,8 +369,8 @@ def process_set_included_op(process_set_id=0, name=None):
 
 
 def alltoall_raw(tensor, splits, name):
-    def fn(x, s):
-        received, rsplits = _comm().alltoall(x, splits=None if s.size == 0 else s)
+    def fn(comm, x, s):
+        received, rsplits = comm.alltoall(x, splits=None if s.size == 0 else s)
         return received, rsplits.astype(np.int32)
 
     splits = tf.zeros([0], tf.int32) if splits is None else tf.cast(splits, tf.int32)
@@ -382,8 +381,7 @@ def alltoall_raw(tensor, splits, name):
 
 
 def _reducescatter_raw(tensors, op, prescale_factor, postscale_factor, name):
-    def fn(*arrays):
-        comm = _comm()
+    def fn(comm, *arrays):
         return [comm.reducescatter(a, op=op, prescale_factor=prescale_factor,
                                    postscale_factor=postscale_factor) for a in arrays]
 
@@ -398,9 +396,7 @@ def _reducescatter_grad(dys, op, prescale_factor, postscale_factor, name):
     horovod/tensorflow/mpi_ops.py): every rank's output gradients gathered, times the
     size for Sum and times the pre- and postscale factors, one multiplication each,
     in the gradient's dtype.  The size is the one the gathers ran with."""
-    def fn(*arrays):
-        comm = _comm()
-
+    def fn(comm, *arrays):
         def attempt():
             gathered = [comm.allgather(a) for a in arrays]
             factors = ([comm.size] if op == Sum else []) + \
