@@ -43,6 +43,9 @@ class Runtime:
     retired: list = dataclasses.field(default_factory=list)
     #: The timeline being recorded (``hvd.start_timeline``), None when none is.
     timeline: Any = None
+    #: Whether the collectives of TF1 graphs are chained in creation order (see
+    #: ``elastic_hvd.tensorflow.ordering``); False leaves them as TF schedules them.
+    order_graph_collectives: bool = True
     # -- how the process ends (see runtime) ---------------------------------------------
     exit_status: int | None = None
     on_leaving_early: Callable[[], None] | None = None

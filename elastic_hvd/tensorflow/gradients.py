@@ -6,6 +6,8 @@ fused collectives as the fusion threshold allows, ``IndexedSlices`` gathered (or
 densified with ``sparse_as_dense``), local variables left alone.
 """
 
+import functools
+
 import tensorflow as tf
 
 from . import ops
@@ -186,15 +188,9 @@ def _refused_get_gradients(self, loss, params):
     raise _no_averaged_gradients("get_gradients")
 
 
-#: optimizer class -> its subclass made by _distributed_class.
-_DISTRIBUTED_CLASSES: dict = {}
-
-
+@functools.cache  # one subclass per optimizer class, however many optimizers are wrapped
 def _distributed_class(base):
     """A subclass of ``base`` (same name, module and config) that averages gradients."""
-    cache = _DISTRIBUTED_CLASSES
-    if base in cache:
-        return cache[base]
     body = {"_hvd_distributed": True, "_hvd_accumulator": None,
             "register_local_var": lambda self, var: self._hvd_reducer.register_local_var(var),
             "_agg_helper": property(_agg_helper)}
@@ -238,7 +234,6 @@ def _distributed_class(base):
         body["apply_gradients"] = apply_gradients
     cls = type(base.__name__, (base,), body)
     cls.__module__, cls.__qualname__ = base.__module__, base.__qualname__
-    cache[base] = cls
     return cls
 
 

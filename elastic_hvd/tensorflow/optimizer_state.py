@@ -2,8 +2,6 @@
 Keras flavour (Keras 3, tf_keras, Keras 2): the callbacks, the membership handlers and
 the training state (:mod:`.training_state`) all go through these."""
 
-import weakref
-
 
 def optimizer_variables(optimizer):
     """The optimizer's variables as a list (``variables`` is a method in Keras 2)."""
@@ -51,8 +49,9 @@ def _set_momentum(optimizer, value):
         optimizer.momentum = value
 
 
-#: optimizer -> its momentum before the corrections of the coming step.
-_uncorrected: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+#: The optimizer's attribute that holds its momentum before the corrections of the
+#: coming step (on the optimizer: it lives and is copied with it).
+_UNCORRECTED = "_hvd_uncorrected_momentum"
 
 
 def momentum_correct(optimizer, old_lr, new_lr):
@@ -65,27 +64,27 @@ def momentum_correct(optimizer, old_lr, new_lr):
     value = _momentum(optimizer)
     if value is None or old_lr <= 0 or new_lr == old_lr:
         return
-    _uncorrected.setdefault(optimizer, value)
+    if getattr(optimizer, _UNCORRECTED, None) is None:
+        setattr(optimizer, _UNCORRECTED, value)
     _set_momentum(optimizer, value * new_lr / old_lr)
 
 
 def momentum_restore(optimizer):
     """Undo the corrections once the corrected step ran (a no-op if there were none)."""
-    value = _uncorrected.pop(optimizer, None)
+    value = getattr(optimizer, _UNCORRECTED, None)
     if value is not None:
+        setattr(optimizer, _UNCORRECTED, None)
         _set_momentum(optimizer, value)
 
 
 def momentum_state(optimizer):
     """(momentum now, momentum once the corrected step ran): a process that takes
     over the state must train its next step with the same momentum."""
-    return _momentum(optimizer), _uncorrected.get(optimizer)
+    return _momentum(optimizer), getattr(optimizer, _UNCORRECTED, None)
 
 
 def load_momentum_state(optimizer, state):
     now, uncorrected = state
     if now is not None:
         _set_momentum(optimizer, now)
-    _uncorrected.pop(optimizer, None)
-    if uncorrected is not None:
-        _uncorrected[optimizer] = uncorrected
+    setattr(optimizer, _UNCORRECTED, uncorrected)

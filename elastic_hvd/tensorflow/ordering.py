@@ -47,8 +47,7 @@ import threading
 
 import tensorflow as tf
 
-#: Chain the collectives of TF1 graphs (False: leave them as TF schedules them).
-ENABLED = True
+from ..core import process
 
 #: Held while a graph's collective runs: unordered ones never share MPI from two threads.
 lock = threading.Lock()
@@ -66,7 +65,8 @@ def needed():
     """Whether a collective built now must be chained: in a plain (TF1) graph, not
     in a function graph (whose automatic control dependencies order it already)."""
     graph = tf.compat.v1.get_default_graph()
-    return ENABLED and not getattr(graph, "building_function", False)
+    return (process.runtime().order_graph_collectives
+            and not getattr(graph, "building_function", False))
 
 
 def _ancestors(ops):

@@ -237,8 +237,8 @@ def graph_order(mode, reps="50", chain="1"):
     """Independent allgathers, allreduces and broadcasts of different shapes fetched
     together, ``reps`` times, in a TF1 session (``mode`` "tf1") or a tf.function;
     ``chain`` "0" switches off the ordering of TF1 graphs' collectives."""
-    from elastic_hvd.tensorflow import ordering
-    ordering.ENABLED = chain == "1"
+    from elastic_hvd.core import process
+    process.runtime().order_graph_collectives = chain == "1"
     n, r = hvd.size(), hvd.rank()
 
     def build():
