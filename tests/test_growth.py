@@ -115,6 +115,8 @@ def test_joiner_dies_before_joining(tmp_path, how):
 #: without MPI_Finalize.
 OPEN_MPI_NOISE = ("NBC_Progress", "Epoll ADD", "LAUNCHER JOB OBJECT NOT FOUND",
                   "exiting improperly", "PRTE ERROR")
+#: What a process says when its MPI_Finalize hung and its deadline ended it.
+FINALIZE_CUT = "MPI_Finalize did not return within"
 GIVEN_UP = ("spawned to join the running job, exits without joining: the running job gave it "
             "up before adopting it")
 
@@ -142,8 +144,13 @@ def test_joiner_given_up_leaves_at_once_in_one_line(tmp_path, faults, steps, sur
     assert all(line.startswith("elastic_hvd: process ") for line in lines), lines
     # Each says which of the two causes it was (the running ranks' verdict).
     assert [line.split(GIVEN_UP + ": ")[1][:len(r)] for line, r in zip(lines, reasons)] == reasons
-    for noise in OPEN_MPI_NOISE:
-        assert noise not in job.output, job.output[-4000:]
+    noise = OPEN_MPI_NOISE
+    if FINALIZE_CUT in job.output:
+        # The finalize race after a spawn (docs/openmpi-quirks.md), said by the process
+        # it cut short (seen under load): prterun then misses that process's job object.
+        noise = tuple(n for n in noise if n != "LAUNCHER JOB OBJECT NOT FOUND")
+    for line in noise:
+        assert line not in job.output, job.output[-4000:]
     assert "mpirun still waits" not in job.output  # elastic-hvd-run did not have to end it
 
 

@@ -4,7 +4,10 @@
 
 Each rank logs the sample ids of every batch it draws (TEST_OUT_DIR/ids<orig>.jsonl).
 With ``elastic-hvd-run --respawn`` / ``--max-np`` the job grows back (ElasticGrowth);
-TEST_STEP_SLEEP slows every step down so that joiners arrive while it trains.
+TEST_STEP_SLEEP slows every step down so that joiners arrive while it trains;
+TEST_SLOW_UNTIL_SIZE=n slows it to 3 s a step while fewer than n ranks train, so that a
+respawned process (TF import, compile: 3-4x slower on a loaded machine) arrives before
+training ends however long it takes to start, and costs nothing once it has joined.
 """
 
 import json
@@ -44,7 +47,9 @@ class CrashingCheckpoint(kc.ElasticCheckpoint):
 
 class SlowSteps(tf.keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
-        time.sleep(float(os.environ.get("TEST_STEP_SLEEP", 0)))
+        # Every rank sees the same agreed size: they slow down alike.
+        waiting = hvd.size() < int(os.environ.get("TEST_SLOW_UNTIL_SIZE", 0))
+        time.sleep(3.0 if waiting else float(os.environ.get("TEST_STEP_SLEEP", 0)))
 
 
 def main(epochs):
