@@ -57,7 +57,7 @@ def rank() -> int:
     return _comm("hvd.rank()").rank
 
 
-def _local_peers(comm):
+def _local_peers(comm: ResilientComm) -> tuple[list[int], list[str | None]]:
     hosts = comm.hosts()
     mine = hosts[comm.rank]
     return [r for r, h in enumerate(hosts) if h == mine], hosts
@@ -74,7 +74,7 @@ def local_rank() -> int:
     return _local_peers(comm)[0].index(comm.rank)
 
 
-def _local_ranks(comm):
+def _local_ranks(comm: ResilientComm) -> list[int]:
     """Each rank's local rank: its position among the ranks on its host."""
     hosts = comm.hosts()
     return [hosts[:r].count(h) for r, h in enumerate(hosts)]

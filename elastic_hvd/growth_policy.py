@@ -12,8 +12,15 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from .core import config, process
+
+if TYPE_CHECKING:
+    from .core.comm import ResilientComm
+    from .core.membership import MembershipEvent
+    from .core.session import Session
 
 class GrowthPolicy:
     """When to grow, identically on every rank.
@@ -35,20 +42,23 @@ class GrowthPolicy:
     after ``max_failures`` failures in a row the job stops trying.
     """
 
-    def __init__(self, respawn=False, max_np=None, discover=None, interval=5.0,
-                 check_every=10, retry_steps=20, max_failures=3, spares=False):
+    def __init__(self, respawn: bool = False, max_np: int | None = None,
+                 discover: Callable[[], dict[str, int]] | None = None, interval: float = 5.0,
+                 check_every: int = 10, retry_steps: int = 20, max_failures: int = 3,
+                 spares: bool = False) -> None:
         self.respawn, self.max_np, self.discover = respawn, max_np, discover
         self.spares = spares
         self.interval, self.check_every, self.retry_steps = interval, check_every, retry_steps
         self.steps = 0           # step boundaries seen (the same on every rank)
-        self.next_try = 0        # no spawn before this step
+        self.next_try: float = 0  # no spawn before this step
         self.failures, self.max_failures = 0, max_failures
-        self.discovered = {}     # host -> slots, as last agreed
+        self.discovered: dict[str, int] = {}  # host -> slots, as last agreed
+        self._latest: dict[str, int] | None
         self._latest = None      # rank 0's latest discovery (its thread writes it)
-        self._thread = None
+        self._thread: threading.Thread | None = None
 
     @classmethod
-    def from_env(cls, environ=None):
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> "GrowthPolicy":
         """The policy ``elastic-hvd-run --respawn / --max-np / --host-discovery-script``
         asked for (the settings of :mod:`.config`, from ``environ`` if given)."""
         settings = config.current() if environ is None else config.from_environ(environ)
@@ -62,19 +72,19 @@ class GrowthPolicy:
                    interval=settings.discovery_interval,
                    check_every=settings.discovery_check_every, spares=settings.spares > 0)
 
-    def __bool__(self):
+    def __bool__(self) -> bool:
         return bool(self.respawn or self.spares or (self.max_np and self.discover))
 
-    def state(self):
+    def state(self) -> dict[str, Any]:
         return {"steps": self.steps, "next_try": self.next_try, "failures": self.failures,
                 "discovered": self.discovered}
 
-    def load_state(self, state):
+    def load_state(self, state: Mapping[str, Any]) -> None:
         self.steps, self.next_try = state["steps"], state["next_try"]
         self.failures = state["failures"]
         self.discovered = dict(state["discovered"])
 
-    def step(self, comm):
+    def step(self, comm: "ResilientComm") -> "MembershipEvent | None":
         """Call at every step boundary on every rank: adopts ready joiners (returns
         their event) and spawns new ones when the job is below its target.  In a
         joining process the first call joins (and returns the same event)."""
@@ -105,12 +115,12 @@ class GrowthPolicy:
             self._failed()
         return None
 
-    def _failed(self):
+    def _failed(self) -> None:
         self.failures += 1
         self.next_try = self.steps + (self.retry_steps if self.failures < self.max_failures
                                       else float("inf"))
 
-    def wanted(self, comm):
+    def wanted(self, comm: "ResilientComm") -> tuple[int, list[str]]:
         """(ranks to add, hosts to put them on) -- the same on every rank."""
         target = comm.initial_size if self.respawn or self.spares else comm.size
         placed = comm.hosts()
@@ -129,18 +139,18 @@ class GrowthPolicy:
         return count, self.lost_hosts(comm)[:count]
 
     @staticmethod
-    def lost_hosts(comm):
+    def lost_hosts(comm: "ResilientComm") -> list[str]:
         """Hosts of the lost ranks, the latest first."""
         return [h for h in (comm.host_of(i) for e in reversed(comm.events) for i in e.lost) if h]
 
-    def _start_discovery(self, comm):
+    def _start_discovery(self, comm: "ResilientComm") -> None:
         if self._thread is not None or comm.rank != 0:
             return
 
-        def loop():
+        def loop() -> None:
             while True:
                 try:
-                    self._latest = self.discover()
+                    self._latest = self.discover()  # type: ignore[misc]  # step() checked it
                 except Exception as exc:  # a broken script must not stop training
                     print(f"elastic_hvd: host discovery failed: {exc}", file=sys.stderr,
                           flush=True)
@@ -154,7 +164,7 @@ class GrowthPolicy:
 _GROWTH_NAMES = frozenset(("ElasticData", "fit_elastic", "ElasticGrowth"))
 
 
-def main_has_growth_point():
+def main_has_growth_point() -> bool:
     """Whether the main script trains with a growth point (hvd.fit, ElasticData,
     fit_elastic/ElasticGrowth, hvd.elastic.run), read from its source before it runs.
 
@@ -164,16 +174,16 @@ def main_has_growth_point():
     ``ELASTIC_HVD_SPARES_WAIT`` overrides it."""
     path = getattr(sys.modules.get("__main__"), "__file__", None)
     try:
-        with open(path) as f:
+        with open(path) as f:  # type: ignore[arg-type]  # None: TypeError, caught
             return has_growth_point(ast.parse(f.read()))
     except (OSError, TypeError, SyntaxError, ValueError):
         return False
 
 
-def has_growth_point(tree):
+def has_growth_point(tree: ast.AST) -> bool:
     """Whether the module ``tree`` (an ``ast.Module``) uses the elastic training API."""
     ours = ("elastic_hvd", "horovod")
-    aliases = set()  # names bound to our (or Horovod's) modules
+    aliases: set[str] = set()  # names bound to our (or Horovod's) modules
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             aliases |= {a.asname or a.name.split(".")[0] for a in node.names
@@ -200,14 +210,14 @@ CANNOT_GROW_WARNING = (
     "state.commit().")
 
 
-def warn_if_cannot_grow(session, comm):
+def warn_if_cannot_grow(session: "Session", comm: "ResilientComm") -> None:
     """Once the first step commits, rank 0 says so if growth was asked for but nothing
     in the script will ever run a growth policy (a plain Horovod-style ``fit``)."""
     policy = GrowthPolicy.from_env()
     if not policy:
         return
 
-    def check(_ids):
+    def check(_ids: Sequence[int]) -> None:
         session.commits.remove(check)
         if policy.spares and comm.spares_in_place and not (policy.respawn or policy.max_np):
             return  # spares wait in init() and take the lost ranks' numbers
@@ -219,10 +229,10 @@ def warn_if_cannot_grow(session, comm):
     session.commits.add(check)
 
 
-def parse_hosts(text):
+def parse_hosts(text: str) -> dict[str, int]:
     """``host:slots`` lines (horovodrun's discovery format) -> ``{host: slots}``.
     ``localhost`` means this machine, under the name MPI knows it by."""
-    hosts = {}
+    hosts: dict[str, int] = {}
     for line in text.splitlines():
         line = line.split("#")[0].strip()
         if not line:
@@ -234,12 +244,12 @@ def parse_hosts(text):
     return hosts
 
 
-def discover_hosts(script):
+def discover_hosts(script: str) -> dict[str, int]:
     out = subprocess.run([script], capture_output=True, text=True, timeout=30, check=True)
     return parse_hosts(out.stdout)
 
 
-def read_hostfile(path):
+def read_hostfile(path: str) -> dict[str, int]:
     """An Open MPI hostfile (``host slots=N``) or discovery-format file."""
     with open(path) as f:
         text = f.read().replace(" slots=", ":")

@@ -23,6 +23,10 @@ import importlib.abc
 import importlib.metadata
 import importlib.util
 import sys
+import types
+from collections.abc import Callable, Sequence
+from importlib.machinery import ModuleSpec
+from typing import NoReturn
 
 ALIASES = {
     "horovod": "elastic_hvd",
@@ -46,17 +50,18 @@ ALIASES = {
 }
 
 
-def not_provided(horovod_module):
+def not_provided(horovod_module: str) -> Callable[[str], NoReturn]:
     """A module ``__getattr__`` for the stand-in of ``horovod_module``: a name it
     lacks raises an AttributeError that names the Horovod internal."""
-    def __getattr__(name):
+    def __getattr__(name: str) -> NoReturn:
         raise AttributeError(f"{horovod_module}.{name} is a part of Horovod that elastic_hvd "
                              f"does not provide")
     return __getattr__
 
 
 class _AliasFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    def find_spec(self, name, path=None, target=None):
+    def find_spec(self, name: str, path: Sequence[str] | None = None,
+                  target: types.ModuleType | None = None) -> ModuleSpec | None:
         if name in ALIASES:
             return importlib.util.spec_from_loader(name, self)
         if name.split(".")[0] == "horovod":
@@ -64,14 +69,14 @@ class _AliasFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
                               f"elastic_hvd; supported: {', '.join(sorted(ALIASES))})")
         return None
 
-    def create_module(self, spec):
+    def create_module(self, spec: ModuleSpec) -> types.ModuleType:
         return importlib.import_module(ALIASES[spec.name])
 
-    def exec_module(self, module):
+    def exec_module(self, module: types.ModuleType) -> None:
         pass
 
 
-def install(quiet=False):
+def install(quiet: bool = False) -> str:
     """Install the alias (idempotent); returns a line saying which Horovod is in use."""
     if not any(isinstance(f, _AliasFinder) for f in sys.meta_path):
         sys.meta_path.insert(0, _AliasFinder())

@@ -23,23 +23,32 @@ fails after its commit (in the optimizer's update itself) is not redone.
 """
 
 import collections
+from collections.abc import Collection, Mapping
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .core import announce, runtime
 
+if TYPE_CHECKING:
+    from .core.comm import ResilientComm
+    from .core.membership import MembershipEvent
+
 
 class ElasticSampler:
     """Hands each rank its sample ids, step by step, for ``num_samples`` samples."""
 
-    def __init__(self, comm, num_samples, batch_size, seed=0, shuffle=True, epoch=0):
+    def __init__(self, comm: "ResilientComm", num_samples: int, batch_size: int, seed: int = 0,
+                 shuffle: bool = True, epoch: int = 0) -> None:
         self.comm = comm
         self.num_samples, self.batch_size = int(num_samples), int(batch_size)
         self.seed, self.shuffle = seed, shuffle
         self.epoch = epoch - 1  # start_epoch() moves to `epoch`
-        self.queue = collections.deque()
+        self.queue: collections.deque[int] = collections.deque()
         self.step = 0
+        self._pending: dict[int, list[int]]
         self._pending = {}  # original id -> ids drawn since the last committed step
+        self._resume: dict[str, Any] | None
         self._resume = None  # a checkpointed, unfinished epoch to continue
         self.requeued = 0
         runtime.session("ElasticSampler").commits.add(self._on_commit)
@@ -47,7 +56,7 @@ class ElasticSampler:
         announce.effect("when", lambda _event: f"epoch {self.epoch + 1}, step {self.step}"
                         if self.epoch >= 0 else None)
 
-    def start_epoch(self, epoch=None):
+    def start_epoch(self, epoch: int | None = None) -> None:
         """Begin ``epoch`` (default: the next one): a fresh permutation, or the rest of
         that epoch if a checkpoint of it was loaded."""
         self.epoch = self.epoch + 1 if epoch is None else int(epoch)
@@ -61,11 +70,11 @@ class ElasticSampler:
         self.queue = collections.deque(order.tolist())
         self.step = 0
 
-    def steps_left(self):
+    def steps_left(self) -> int:
         """Steps this epoch still needs at the current size (it changes with the membership)."""
         return -(-len(self.queue) // (self.comm.size * self.batch_size))
 
-    def next_batch(self):
+    def next_batch(self) -> tuple[np.ndarray, np.ndarray] | None:
         """``(ids, weights)`` for this rank's next step, or None when the epoch is done."""
         if not self.queue:
             return None
@@ -81,12 +90,12 @@ class ElasticSampler:
         for original_id, taken in slices.items():
             self._pending.setdefault(original_id, []).extend(taken)
         self.step += 1
-        mine = slices[self.comm.original_id]
+        mine = slices[self.comm.original_id]  # type: ignore[index]  # None: not joined yet
         if not mine:  # more ranks than samples left: one weightless sample
             return np.array([take[0]]), np.zeros(1, dtype=np.float32)
         return np.array(mine), np.ones(len(mine), dtype=np.float32)
 
-    def _announced(self, event):
+    def _announced(self, event: "MembershipEvent") -> str:
         """What the data does about a membership change, for the line on the console."""
         shared = (f"the rest of the epoch is split over {event.new_size} "
                   f"rank{'s' if event.new_size != 1 else ''}")
@@ -95,11 +104,11 @@ class ElasticSampler:
             return f"the samples the lost {whose} had not trained go back into the epoch; {shared}"
         return shared
 
-    def uncommitted(self):
+    def uncommitted(self) -> bool:
         """True while drawn samples wait for a step to commit them."""
         return any(self._pending.values())
 
-    def _on_commit(self, ids):
+    def _on_commit(self, ids: Collection[int]) -> None:
         """A step committed with the gradients of ``ids``: their slices are trained,
         everyone else's go back into the queue."""
         for original_id, taken in self._pending.items():
@@ -108,13 +117,13 @@ class ElasticSampler:
                 self.requeued += len(taken)
         self._pending = {}
 
-    def state(self):
+    def state(self) -> dict[str, Any]:
         """Position in the epoch (for checkpoints and for ranks that join later).
         Samples drawn for a step that never committed count as not trained."""
         queue = list(self.queue) + [i for taken in self._pending.values() for i in taken]
         return {"epoch": self.epoch, "queue": queue, "step": self.step}
 
-    def load_state(self, state):
+    def load_state(self, state: Mapping[str, Any]) -> None:
         """Continue the checkpointed epoch: the next ``start_epoch()`` resumes it."""
         self._resume = dict(state)
         self.epoch = state["epoch"] - 1

@@ -22,7 +22,9 @@ it is read raises :class:`StateFileError` naming the file.
 
 import io
 import json
+import os
 import zipfile
+from typing import IO, Any
 
 import numpy as np
 
@@ -38,14 +40,14 @@ _PLAIN = (type(None), bool, int, float, str)
 class StateFileError(ElasticHvdError, ValueError):
     """A state that cannot be read as data (truncated, tampered, another format)."""
 
-    def __init__(self, source, reason):
+    def __init__(self, source: str | os.PathLike[str], reason: str) -> None:
         self.source, self.reason = source, reason
         super().__init__(f"{source}: {reason}")
 
 
-def dump(state, file):
+def dump(state: Any, file: str | os.PathLike[str] | IO[bytes]) -> None:
     """Write ``state`` to ``file`` (a path or a binary file object)."""
-    arrays = []
+    arrays: list[np.ndarray] = []
     structure = {"kind": KIND, "version": VERSION, "state": _data(state, "state", arrays)}
     with zipfile.ZipFile(file, "w", zipfile.ZIP_STORED, allowZip64=True) as archive:
         archive.writestr(STRUCTURE, json.dumps(structure))
@@ -54,25 +56,25 @@ def dump(state, file):
                 np.lib.format.write_array(member, array, allow_pickle=False)
 
 
-def dumps(state):
+def dumps(state: Any) -> bytes:
     """``state`` as bytes (what the launcher keeps)."""
     buffer = io.BytesIO()
     dump(state, buffer)
     return buffer.getvalue()
 
 
-def load(path):
+def load(path: str | os.PathLike[str]) -> Any:
     """The state in the file at ``path``."""
     with open(path, "rb") as f:
         return _read(f, path)
 
 
-def loads(blob, source):
+def loads(blob: bytes, source: str) -> Any:
     """The state in ``blob``; ``source`` names it in errors."""
     return _read(io.BytesIO(blob), source)
 
 
-def _data(value, where, arrays):
+def _data(value: Any, where: str, arrays: list[np.ndarray]) -> Any:
     """``value`` with its arrays replaced by placeholders (appended to ``arrays``)."""
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
@@ -96,7 +98,7 @@ def _data(value, where, arrays):
                      "reading it runs no code")
 
 
-def _read(file, source):
+def _read(file: IO[bytes], source: str | os.PathLike[str]) -> Any:
     try:
         head = file.read(4)
         file.seek(0)
@@ -122,7 +124,7 @@ def _read(file, source):
             from None
 
 
-def _rebuild(value, archive):
+def _rebuild(value: Any, archive: np.lib.npyio.NpzFile) -> Any:
     if isinstance(value, list):
         if not any(isinstance(v, (list, dict)) for v in value):
             return value

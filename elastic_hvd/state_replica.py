@@ -22,6 +22,8 @@ import secrets
 import socket
 import sys
 import threading
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from .core import config
 
@@ -33,11 +35,12 @@ CHALLENGE_BYTES = 32
 TIMEOUT = 30.0
 
 
-def _proof(secret, challenge, verb):
+def _proof(secret: bytes, challenge: bytes, verb: str) -> bytes:
     return hmac.new(secret, challenge + verb.encode(), hashlib.sha256).digest()
 
 
-def _read_exact(sock, count):
+def _read_exact(sock: socket.socket, count: int) -> bytes:
+    chunks: list[bytes]
     chunks, left = [], count
     while left:
         chunk = sock.recv(min(left, 1 << 20))
@@ -48,12 +51,12 @@ def _read_exact(sock, count):
     return b"".join(chunks)
 
 
-def _send_frame(sock, header, payload=b""):
+def _send_frame(sock: socket.socket, header: Mapping[str, Any], payload: bytes = b"") -> None:
     head = json.dumps({**header, "bytes": len(payload)}).encode()
     sock.sendall(len(head).to_bytes(4, "big") + head + payload)
 
 
-def _read_frame(sock):
+def _read_frame(sock: socket.socket) -> tuple[dict[str, Any], bytes]:
     head = json.loads(_read_exact(sock, int.from_bytes(_read_exact(sock, 4), "big")))
     return head, _read_exact(sock, head["bytes"])
 
@@ -62,8 +65,10 @@ class Keeper:
     """The launcher's side: a TCP server holding the newest state (``position``,
     opaque bytes).  ``environ()`` is what the ranks need to reach it."""
 
-    def __init__(self, host=None):
+    def __init__(self, host: str | None = None) -> None:
         self.secret = secrets.token_bytes(32)
+        self.position: list[Any] | None
+        self.blob: bytes | None
         self.position, self.blob = None, None
         self.refused = 0
         self._lock = threading.Lock()
@@ -72,13 +77,13 @@ class Keeper:
         self.port = self._server.getsockname()[1]
         threading.Thread(target=self._serve, name="elastic_hvd-replica", daemon=True).start()
 
-    def environ(self):
+    def environ(self) -> dict[str, str]:
         return {ADDRESS_ENV: f"{self.host}:{self.port}", SECRET_ENV: self.secret.hex()}
 
-    def close(self):
+    def close(self) -> None:
         self._server.close()
 
-    def _serve(self):
+    def _serve(self) -> None:
         while True:
             try:
                 conn, peer = self._server.accept()
@@ -86,7 +91,7 @@ class Keeper:
                 return
             threading.Thread(target=self._handle, args=(conn, peer), daemon=True).start()
 
-    def _handle(self, conn, peer):
+    def _handle(self, conn: socket.socket, peer: tuple[Any, ...]) -> None:
         with conn:
             conn.settimeout(TIMEOUT)
             challenge = secrets.token_bytes(CHALLENGE_BYTES)
@@ -118,17 +123,18 @@ class Keeper:
                 pass  # the sender went away: nothing was stored, or it does not read
 
 
-def configured(environ=os.environ):
+def configured(environ: Mapping[str, str] = os.environ) -> bool:
     """Whether this process can reach a keeper (it runs under ``elastic-hvd-run``)."""
     return bool(config.read("replica", environ) and config.read("job_secret", environ))
 
 
-def relaunched(environ=os.environ):
+def relaunched(environ: Mapping[str, str] = os.environ) -> bool:
     """Whether this job is a relaunch (after a node loss) by ``elastic-hvd-run``."""
     return config.read("launch", environ) > 0
 
 
-def _request(verb, header=None, payload=b"", environ=os.environ):
+def _request(verb: str, header: Mapping[str, Any] | None = None, payload: bytes = b"",
+             environ: Mapping[str, str] = os.environ) -> tuple[dict[str, Any], bytes]:
     host, _, port = config.read("replica", environ).rpartition(":")
     secret = bytes.fromhex(config.read("job_secret", environ))
     with socket.create_connection((host, int(port)), timeout=TIMEOUT) as sock:
@@ -138,13 +144,13 @@ def _request(verb, header=None, payload=b"", environ=os.environ):
         return _read_frame(sock)
 
 
-def put(position, blob, environ=os.environ):
+def put(position: Iterable[Any], blob: bytes, environ: Mapping[str, str] = os.environ) -> None:
     """Store ``blob`` as the state at ``position`` (a list that orders states: a
     lower one never replaces a higher one)."""
     _request("put", {"position": list(position)}, blob, environ)
 
 
-def get(environ=os.environ):
+def get(environ: Mapping[str, str] = os.environ) -> tuple[list[Any] | None, bytes | None]:
     """``(position, blob)`` of the newest state kept, or ``(None, None)``."""
     head, blob = _request("get", environ=environ)
     return (head["position"], blob) if head["position"] is not None else (None, None)

@@ -40,6 +40,8 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 import tensorflow as tf
 
@@ -50,6 +52,9 @@ from elastic_hvd.tensorflow.training_state import TrainingState
 
 from .ckpt_files import CheckpointFiles
 
+if TYPE_CHECKING:
+    from elastic_hvd.sharding import ElasticSampler
+
 #: Exit status of a job that stopped because too few ranks were left.
 EXIT_BELOW_MIN_NP = 3
 
@@ -58,7 +63,7 @@ EXIT_BELOW_MIN_NP = 3
 UNPICKLE_ENV = config.env("unpickle_checkpoints")
 
 
-def _read_state(path):
+def _read_state(path: str) -> Any:
     """The training state in the file ``path``, as data; a pickled one (``.pkl``)
     only with the opt-in."""
     if not path.endswith(".pkl"):
@@ -79,35 +84,39 @@ class ElasticCheckpoint(tf.keras.callbacks.Callback):
     """Save at the end of every ``every`` epochs into ``directory``, keeping the newest
     ``keep`` committed checkpoints; ``restore()`` resumes from the newest."""
 
-    def __init__(self, directory, sampler=None, every=1, keep=3):
+    _sending: threading.Thread | None
+
+    def __init__(self, directory: str, sampler: "ElasticSampler | None" = None, every: int = 1,
+                 keep: int = 3) -> None:
         super().__init__()
         self.files = CheckpointFiles(directory, keep)
         self.directory, self.sampler, self.every = directory, sampler, every
         self.epoch = 0
         self.saves = 0  # saves so far, counted on every rank: the next one's sequence number
         #: After ``restore()`` found a checkpoint: what was resumed, as an event-log record.
-        self.resumed = None
+        self.resumed: dict[str, Any] | None = None
         self._sending = None  # the thread sending the state to the launcher, if any
         self._next_copy = 0.0  # perf_counter() before which no copy is made (the budget)
 
     @property
-    def meta_path(self):
+    def meta_path(self) -> str:
         return self.files.meta_path
 
-    def live_state(self):  # a rank that joins counts on from here (see ElasticGrowth)
+    # a rank that joins counts on from here (see ElasticGrowth)
+    def live_state(self) -> dict[str, Any]:
         return {"saves": self.saves}
 
-    def load_live_state(self, state):
+    def load_live_state(self, state: dict[str, Any]) -> None:
         self.saves = state["saves"]
 
-    def on_epoch_begin(self, epoch, logs=None):
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         self.epoch = epoch
 
-    def on_epoch_end(self, epoch, logs=None):
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         if (epoch + 1) % self.every == 0:
             self.save(epoch + 1)
 
-    def on_train_batch_end(self, batch, logs=None):
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
         if self.sampler is None or not state_replica.configured():
             return
         if runtime.current().rank != 0 or (self._sending and self._sending.is_alive()):
@@ -120,7 +129,7 @@ class ElasticCheckpoint(tf.keras.callbacks.Callback):
         state = self._training_state(self.model).state(self.epoch + 1 if done else self.epoch)
         self._next_copy = time.perf_counter() + (time.perf_counter() - started) / budget
 
-        def send():
+        def send() -> None:
             try:
                 state_replica.put([state["session"]["step"]], state_format.dumps(state))
             except OSError as exc:  # the launcher is gone or busy: the next step tries again
@@ -129,10 +138,10 @@ class ElasticCheckpoint(tf.keras.callbacks.Callback):
         self._sending = threading.Thread(target=send, name="elastic_hvd-replica", daemon=True)
         self._sending.start()
 
-    def _training_state(self, model):
+    def _training_state(self, model: Any) -> TrainingState:
         return TrainingState(model, sampler=self.sampler)
 
-    def save(self, resume_epoch):
+    def save(self, resume_epoch: int) -> None:
         """Called on every rank (it counts the save); the lowest live rank writes.
         ``resume_epoch`` is where to restart (the sampler's position resumes it if it
         is that epoch's, mid-way)."""
@@ -148,7 +157,7 @@ class ElasticCheckpoint(tf.keras.callbacks.Callback):
             "host": socket.gethostname(),
             "writer": runtime.current().original_id if runtime.is_initialized() else None})
 
-    def restore(self, model):
+    def restore(self, model: Any) -> int:
         """Load the newest state into ``model`` (and the sampler): the launcher's
         copy if it is newer than the newest committed checkpoint, else that
         checkpoint; returns the epoch to resume at (0: none).  A process joining a
@@ -164,12 +173,12 @@ class ElasticCheckpoint(tf.keras.callbacks.Callback):
             return self._load(model, kept, f"the launcher's copy of step {kept['session']['step']}")
         if not entries:
             return 0
-        epoch = []
+        epoch: list[int] = []
         self.files.load(lambda entry: epoch.append(self._read(model, entry)))
         return epoch[-1]
 
     @staticmethod
-    def _replica():
+    def _replica() -> dict[str, Any] | None:
         """In a job ``elastic-hvd-run`` relaunched, the state it kept from the run before
         (else None).  Each rank fetches it: restoring stays a local act (a script may
         restore into a scratch model on one rank), and no rank can have stored a newer
@@ -191,13 +200,13 @@ class ElasticCheckpoint(tf.keras.callbacks.Callback):
                   "restoring from the checkpoints on disk", file=sys.stderr, flush=True)
             return None
 
-    def _read(self, model, entry):
+    def _read(self, model: Any, entry: dict[str, Any]) -> int:
         name = entry.get("state")
         if name not in entry["files"]:
             raise ValueError(f"{self.meta_path}: the checkpoint of epoch {entry.get('epoch')} "
                              f"names no state file among its files {entry['files']} (written "
                              "before checkpoints held the training state, or edited)")
-        path = os.path.join(self.directory, name)
+        path = os.path.join(self.directory, name)  # type: ignore[arg-type]  # (name in files)
         state = _read_state(path)
         try:
             return self._load(model, state, entry["name"])
@@ -205,7 +214,7 @@ class ElasticCheckpoint(tf.keras.callbacks.Callback):
             raise state_format.StateFileError(path, (
                 f"not a training state ({type(exc).__name__}: {exc})")) from exc
 
-    def _load(self, model, state, source):
+    def _load(self, model: Any, state: dict[str, Any], source: str) -> int:
         epoch = self._training_state(model).load_state(state, membership=False)
         comm = runtime.current() if runtime.is_initialized() else None
         size = comm.size if comm is not None else 1
@@ -221,7 +230,7 @@ class ElasticCheckpoint(tf.keras.callbacks.Callback):
         return epoch
 
     @contextlib.contextmanager
-    def final_on_failure(self):
+    def final_on_failure(self) -> Iterator[None]:
         """Around ``model.fit``: if too few ranks are left (``RanksBelowMinimumError``,
         however TF wrapped it), the survivors save and exit with EXIT_BELOW_MIN_NP.
 

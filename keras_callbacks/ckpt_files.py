@@ -24,12 +24,14 @@ import json
 import os
 import re
 import warnings
+from collections.abc import Callable, Iterable
+from typing import Any
 
 META = "checkpoint.json"
 _OURS = re.compile(r"^ckpt-\d+-e\d+(-\d+)?\.|^\.checkpoint\.json\..*\.tmp$")
 
 
-def _fsync(path, directory=False):
+def _fsync(path: str, directory: bool = False) -> None:
     fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if directory else 0))
     try:
         os.fsync(fd)
@@ -37,23 +39,23 @@ def _fsync(path, directory=False):
         os.close(fd)
 
 
-def _plain_name(name):
+def _plain_name(name: object) -> bool:
     return isinstance(name, str) and name not in ("", ".", "..") and os.path.basename(name) == name
 
 
 class CheckpointFiles:
     """Committed checkpoints in ``directory``; the newest ``keep`` are kept."""
 
-    def __init__(self, directory, keep=3):
+    def __init__(self, directory: str, keep: int = 3) -> None:
         if keep < 1:
             raise ValueError(f"keep must be at least 1, not {keep}")
         self.directory, self.keep = directory, keep
 
     @property
-    def meta_path(self):
+    def meta_path(self) -> str:
         return os.path.join(self.directory, META)
 
-    def entries(self):
+    def entries(self) -> list[dict[str, Any]]:
         """The committed checkpoints, newest first ([] when there is none).
 
         ``ValueError`` naming checkpoint.json if it is not what ``write`` commits,
@@ -80,11 +82,11 @@ class CheckpointFiles:
         return entries
 
     @staticmethod
-    def next_seq(entries):
+    def next_seq(entries: Iterable[dict[str, Any]]) -> int:
         """The sequence number after every committed one (a restarted job goes on from it)."""
         return max((e.get("seq", -1) for e in entries), default=-1) + 1
 
-    def new_name(self, seq, epoch, entries):
+    def new_name(self, seq: int, epoch: int, entries: Iterable[dict[str, Any]]) -> str:
         """``ckpt-<seq>-e<epoch>``, with ``-<n>`` appended while that name is taken."""
         taken = set(os.listdir(self.directory)) | {f for e in entries for f in e["files"]}
         base = name = f"ckpt-{seq:06d}-e{epoch:04d}"
@@ -94,7 +96,8 @@ class CheckpointFiles:
             name = f"{base}-{n}"
         return name
 
-    def write(self, seq, epoch, parts, info):
+    def write(self, seq: int, epoch: int, parts: dict[str, tuple[str, Callable[[str], Any]]],
+              info: dict[str, Any]) -> dict[str, Any]:
         """Write and commit a checkpoint; returns its entry (as ``entries()`` lists it).
 
         ``parts`` maps a role to ``(suffix, write)``: ``write(path)`` creates the
@@ -104,7 +107,7 @@ class CheckpointFiles:
         os.makedirs(self.directory, exist_ok=True)
         entries = self.entries()
         name = self.new_name(seq, epoch, entries)
-        entry = {"name": name, "seq": seq, **info, "files": []}
+        entry: dict[str, Any] = {"name": name, "seq": seq, **info, "files": []}
         for role, (suffix, write) in parts.items():
             entry[role] = f"{name}.{suffix}"
             entry["files"].append(entry[role])
@@ -130,7 +133,7 @@ class CheckpointFiles:
         self._clean(kept, entries[self.keep - 1:])
         return entry
 
-    def _clean(self, kept, dropped):
+    def _clean(self, kept: Iterable[dict[str, Any]], dropped: Iterable[dict[str, Any]]) -> None:
         """Delete the dropped checkpoints and the leftovers of saves that never committed."""
         needed = {f for e in kept for f in e["files"]}
         doomed = {f for e in dropped for f in e["files"]}
@@ -143,7 +146,7 @@ class CheckpointFiles:
             self.reached("removed a file")
         _fsync(self.directory, directory=True)
 
-    def load(self, read):
+    def load(self, read: Callable[[dict[str, Any]], Any]) -> dict[str, Any] | None:
         """``read(entry)`` the newest committed checkpoint whose files are all there
         (older ones if it fails); returns the entry read, None when there is none."""
         entries, error = self.entries(), None
@@ -164,5 +167,5 @@ class CheckpointFiles:
             raise error
         return None
 
-    def reached(self, point):
+    def reached(self, point: str) -> None:
         """Called at each step of ``write``: a crash point for tests; does nothing."""

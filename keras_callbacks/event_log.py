@@ -8,6 +8,7 @@ import json
 import os
 import sys
 import time
+from typing import TYPE_CHECKING, Any
 
 import tensorflow as tf
 
@@ -15,6 +16,11 @@ from elastic_hvd.core import runtime
 from elastic_hvd.tensorflow.keras.callbacks import get_lr
 
 from .base import MembershipCallback
+
+if TYPE_CHECKING:
+    from elastic_hvd.core.membership import MembershipEvent
+
+    from .lr import LearningRateRescaler
 
 
 class MembershipEventLog(MembershipCallback):
@@ -38,38 +44,39 @@ class MembershipEventLog(MembershipCallback):
     TensorBoard scalars (``membership/size``, ``membership/recovery_ms``).
     """
 
-    def __init__(self, path, rescaler=None, log_dir=None):
+    def __init__(self, path: str, rescaler: "LearningRateRescaler | None" = None,
+                 log_dir: str | None = None) -> None:
         super().__init__()
         self.path, self.rescaler = path, rescaler
         self.log_dir = log_dir
-        self.records = []
-        self._writer = None
+        self.records: list[dict[str, Any]] = []
+        self._writer: Any = None
         self._steps_done = 0
 
-    def on_train_begin(self, logs=None):
+    def on_train_begin(self, logs: dict | None = None) -> None:
         anomalies = self.comm.anomalies.listeners
         if self._on_anomaly not in anomalies:
             anomalies.add(self._on_anomaly)
         super().on_train_begin(logs)
 
-    def _on_anomaly(self, entry):
+    def _on_anomaly(self, entry: dict[str, Any]) -> None:
         """Called inside the collective that met it: only a line of the file."""
         record = {"epoch": self.epoch + 1, "step": self.step, **entry}
         self.records.append(record)
         self._append(record)
 
-    def on_train_batch_end(self, batch, logs=None):
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
         self._steps_done += 1
         super().on_train_batch_end(batch, logs)
 
-    def live_state(self):
+    def live_state(self) -> dict[str, Any]:
         return {**super().live_state(), "steps_done": self._steps_done}
 
-    def load_live_state(self, state):
+    def load_live_state(self, state: dict[str, Any]) -> None:
         super().load_live_state(state)
         self._steps_done = state["steps_done"]
 
-    def record_resume(self, record):
+    def record_resume(self, record: dict[str, Any]) -> None:
         """Log a restart from a checkpoint (``ElasticCheckpoint.resumed``): the
         job's size and learning rate may have changed since it was written."""
         record = {"time": time.time(), **record}
@@ -77,11 +84,11 @@ class MembershipEventLog(MembershipCallback):
         if runtime.current().rank == 0:
             self._append(record)
 
-    def _append(self, record):
+    def _append(self, record: dict[str, Any]) -> None:
         with open(self.path, "a") as f:
             f.write(json.dumps(record) + "\n")
 
-    def handle(self, event):
+    def handle(self, event: "MembershipEvent") -> None:
         lr_before = lr_after = get_lr(self.model.optimizer)
         if self.rescaler is not None:  # it handled the event already (an earlier ORDER)
             lr_before = next((b for s, b, _ in self.rescaler.changes if s == event.sequence),

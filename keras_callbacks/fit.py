@@ -8,6 +8,8 @@ between calls, so this costs no retracing.
 """
 
 import warnings
+from collections.abc import Iterable
+from typing import Any
 
 import tensorflow as tf
 
@@ -17,7 +19,8 @@ from .growth import ElasticGrowth
 from .progress import RankZeroProgbar
 
 
-def fit_elastic(model, dataset, epochs, initial_epoch=0, callbacks=(), **kwargs):
+def fit_elastic(model: Any, dataset: Any, epochs: int, initial_epoch: int = 0,
+                callbacks: Iterable[Any] = (), **kwargs: Any) -> Any:
     """Train from ``initial_epoch`` to ``epochs``; returns one History with every epoch.
 
     In a process spawned into the running job (an :class:`ElasticGrowth` among the

@@ -20,6 +20,8 @@ collectives in a joiner (``if not comm.joining: ...``).
 """
 
 import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import tensorflow as tf
@@ -30,6 +32,11 @@ from elastic_hvd.tensorflow.keras.callbacks import BroadcastGlobalVariablesCallb
 from elastic_hvd.tensorflow.keras.replacement import rehearse
 from elastic_hvd.tensorflow.training_state import TrainingState
 
+if TYPE_CHECKING:
+    from elastic_hvd.core.comm import ResilientComm
+    from elastic_hvd.core.membership import MembershipEvent
+    from elastic_hvd.sharding import ElasticSampler
+
 
 class ElasticGrowth(tf.keras.callbacks.Callback):
     """Replace lost ranks / add ranks (``policy``, default: from ``elastic-hvd-run``'s
@@ -39,19 +46,19 @@ class ElasticGrowth(tf.keras.callbacks.Callback):
     ``handovers`` lists ``(event, seconds)`` of every hand-over this rank took part in.
     """
 
-    def __init__(self, sampler, policy=None):
+    def __init__(self, sampler: "ElasticSampler", policy: GrowthPolicy | None = None) -> None:
         super().__init__()
         self.sampler = sampler
         self.policy = policy if policy is not None else GrowthPolicy.from_env()
-        self.callbacks = []  # fit_elastic sets the callback list: their state travels too
+        self.callbacks: list = []  # fit_elastic sets the callback list: their state travels too
         self.epoch = 0
-        self.handovers = []
+        self.handovers: list[tuple["MembershipEvent | None", float]] = []
         self._skip_next = False
 
-    def on_epoch_begin(self, epoch, logs=None):
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         self.epoch = epoch
 
-    def on_train_batch_begin(self, batch, logs=None):
+    def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
         if self._skip_next:  # a joiner at its first step: the others are at this point already
             self._skip_next = False
             return
@@ -79,14 +86,14 @@ class ElasticGrowth(tf.keras.callbacks.Callback):
             self.handovers.append((event, time.perf_counter() - started))
 
     # -- the live state ------------------------------------------------------------
-    def _training_state(self, callbacks):
+    def _training_state(self, callbacks: Sequence[Any]) -> TrainingState:
         return TrainingState(self.model, sampler=self.sampler, policy=self.policy,
                              callbacks=callbacks)
 
-    def _live_state(self):
+    def _live_state(self) -> dict[str, Any]:
         return self._training_state(self.callbacks).state(self.epoch)
 
-    def join(self, model, callbacks, dataset=None):
+    def join(self, model: Any, callbacks: Sequence[Any], dataset: Any = None) -> int:
         """In a joining process, before training: rehearse a step on ``dataset``'s
         structure (compiles the training function, see ``ResilientComm.rehearsal``),
         join the job, take over the live state; returns the epoch to train from."""
@@ -105,11 +112,11 @@ class ElasticGrowth(tf.keras.callbacks.Callback):
         self.handovers.append((event, time.perf_counter() - started))
         return self.epoch
 
-    def _rehearse(self, model, dataset, comm):
+    def _rehearse(self, model: Any, dataset: Any, comm: "ResilientComm") -> None:
         """One step on zeros shaped like ``dataset``'s batches, alone, to compile."""
         spec = dataset.element_spec
 
-        def zeros(s):
+        def zeros(s: Any) -> np.ndarray:
             shape = [self.sampler.batch_size if d is None else d for d in s.shape]
             return np.zeros(shape, s.dtype.as_numpy_dtype)
 

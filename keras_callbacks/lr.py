@@ -18,6 +18,7 @@ the schedule callbacks do (one correction per optimizer, however many ask).
 """
 
 import math
+from typing import TYPE_CHECKING, Any
 
 from elastic_hvd.core import announce, runtime
 from elastic_hvd.core import session as _session
@@ -26,10 +27,14 @@ from elastic_hvd.tensorflow.keras.callbacks import (get_lr, momentum_correct, mo
 
 from .base import MembershipCallback
 
+if TYPE_CHECKING:
+    from elastic_hvd.core.membership import MembershipEvent
+    from elastic_hvd.sharding import ElasticSampler
+
 POLICIES = ("linear", "sqrt", "none", "constant_global_batch")
 
 
-def scale_factor(policy, old_size, new_size):
+def scale_factor(policy: str, old_size: int, new_size: int) -> float:
     if policy == "linear":
         return new_size / old_size
     if policy == "sqrt":
@@ -42,7 +47,8 @@ class LearningRateRescaler(MembershipCallback):
 
     ORDER = _session.LEARNING_RATE
 
-    def __init__(self, policy="linear", sampler=None, momentum_correction=True):
+    def __init__(self, policy: str = "linear", sampler: "ElasticSampler | None" = None,
+                 momentum_correction: bool = True) -> None:
         super().__init__()
         if policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, not {policy!r}")
@@ -50,10 +56,10 @@ class LearningRateRescaler(MembershipCallback):
             raise ValueError("policy 'constant_global_batch' needs the ElasticSampler (sampler=)")
         self.policy, self.sampler = policy, sampler
         self.momentum_correction = momentum_correction
-        self.changes = []  # (event sequence, lr before, lr after)
-        self._global_batch = None
+        self.changes: list[tuple[int, float, float]] = []  # (event sequence, lr before, lr after)
+        self._global_batch: int | None = None
 
-    def on_train_begin(self, logs=None):
+    def on_train_begin(self, logs: dict | None = None) -> None:
         if self.sampler is not None and self._global_batch is None:
             self._global_batch = self.sampler.batch_size * self.comm.size
         announce.effect("lr", self._announced)
@@ -69,18 +75,18 @@ class LearningRateRescaler(MembershipCallback):
             return f"the learning rate stays (lr_policy {self.policy!r})"
         return f"the learning rate is scaled by {factor:.3g} ({self.policy}) at the next step"
 
-    def on_train_batch_end(self, batch, logs=None):
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
         momentum_restore(self.model.optimizer)  # the corrected momentum served one step
         super().on_train_batch_end(batch, logs)
 
-    def live_state(self):
+    def live_state(self) -> dict[str, Any]:
         return {**super().live_state(), "global_batch": self._global_batch}
 
-    def load_live_state(self, state):
+    def load_live_state(self, state: dict[str, Any]) -> None:
         super().load_live_state(state)
         self._global_batch = state["global_batch"]
 
-    def handle(self, event):
+    def handle(self, event: "MembershipEvent") -> None:
         optimizer = self.model.optimizer
         before = get_lr(optimizer)
         factor = scale_factor(self.policy, event.old_size, event.new_size)
@@ -91,5 +97,5 @@ class LearningRateRescaler(MembershipCallback):
             if self.momentum_correction:
                 momentum_correct(optimizer, before, after)
         if self.policy == "constant_global_batch":
-            self.sampler.batch_size = -(-self._global_batch // event.new_size)
+            self.sampler.batch_size = -(-self._global_batch // event.new_size)  # type: ignore
         self.changes.append((event.sequence, before, after))

@@ -1,8 +1,14 @@
 """A Keras progress bar on exactly one rank: whichever is rank 0 now."""
 
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
 import tensorflow as tf
 
 from elastic_hvd.core import runtime
+
+if TYPE_CHECKING:
+    from elastic_hvd.sharding import ElasticSampler
 
 
 class RankZeroProgbar(tf.keras.callbacks.ProgbarLogger):
@@ -15,19 +21,19 @@ class RankZeroProgbar(tf.keras.callbacks.ProgbarLogger):
     corrected after every step, as the membership changes it.
     """
 
-    def __init__(self, verbose=1, sampler=None):
+    def __init__(self, verbose: int = 1, sampler: "ElasticSampler | None" = None) -> None:
         super().__init__()
         self._level = verbose
         self.sampler = sampler
-        self.total_epochs = None  # set by fit_elastic, which runs one fit() per epoch
+        self.total_epochs: int | None = None  # set by fit_elastic, which runs one fit() per epoch
 
-    def set_params(self, params):
+    def set_params(self, params: dict[str, Any]) -> None:
         params = dict(params, verbose=self._level)
         if self.total_epochs:
             params["epochs"] = self.total_epochs
         super().set_params(params)
 
-    def _set_target(self, steps):
+    def _set_target(self, steps: int) -> None:
         if self.sampler is None:
             return
         self.target = steps
@@ -40,12 +46,12 @@ class RankZeroProgbar(tf.keras.callbacks.ProgbarLogger):
         return -(-sampler.num_samples // (sampler.comm.size * sampler.batch_size))
 
 
-def _drawn_on_rank_zero(name):
+def _drawn_on_rank_zero(name: str) -> Callable[..., Any]:
     """Run the hook on every rank (so each keeps the bar's state) but let it draw
     only on the rank that is rank 0 now."""
     hook_of_keras = getattr(tf.keras.callbacks.ProgbarLogger, name)
 
-    def hook(self, *args, **kwargs):
+    def hook(self: RankZeroProgbar, *args: Any, **kwargs: Any) -> Any:
         level = self._level if runtime.current("RankZeroProgbar").rank == 0 else 0
         self.verbose = level
         if getattr(self, "progbar", None) is not None:

@@ -78,6 +78,16 @@ def test_a_change_is_said_with_what_each_time_measures(monkeypatch):
         "or connecting a hot spare), and they joined 12.0 s after that began, while training "
         "went on")
 
+    class OneHost(Hosts):  # the lost rank's host is not known: still a one-host job
+        def hosts(self):
+            return ["a"]
+
+        def host_of(self, i):
+            return None if i == 3 else "a"
+
+    alone = MembershipEvent(4, 3, lost=(3,), detect_s=0.0412, repair_s=0.0003)
+    assert announce.describe(alone, OneHost(), 40).startswith("lost rank 3 after 40 training steps")
+
 
 def test_tensorflows_start_up_lines_are_dropped_and_nothing_else():
     noise = NoiseFilter()

@@ -504,12 +504,20 @@ def test_gradient_groups_partition_by_variable_or_round_robin(tf_ops):
     reducer = GradientReducer(groups=[[v[2]], [v[0], v[1]]])
     # v3 is in no group: alone, after the groups.
     assert reducer._partition([0, 1, 2, 3], v) == [[2], [0, 1], [3]]
-    assert GradientReducer(num_groups=2)._partition([0, 2, 3, 5, 6], [None] * 7) \
+    # Horovod 0.28: groups=N is a number of groups, num_groups=N its deprecated name
+    # (ignored when groups is given).
+    assert GradientReducer(groups=2)._partition([0, 2, 3, 5, 6], [None] * 7) \
         == [[0, 3, 6], [2, 5]]
+    with pytest.warns(DeprecationWarning, match="num_groups"):
+        assert GradientReducer(num_groups=2)._partition([0, 2, 3, 5, 6], [None] * 7) \
+            == [[0, 3, 6], [2, 5]]
+    with pytest.warns(DeprecationWarning):
+        assert GradientReducer(num_groups=2, groups=[[v[0]]])._partition([0, 1], v) \
+            == [[0], [1]]
     assert GradientReducer()._partition([1, 4], v + v) == [[1, 4]]
     assert GradientReducer()._partition([], v) == []
     for bad in ({"op": tf_ops.Max}, {"op": tf_ops.Sum, "gradient_predivide_factor": 2.0},
-                {"num_groups": 2, "groups": [[v[0]]]}):
+                {"groups": 0}):
         with pytest.raises(ValueError):
             GradientReducer(**bad)
 

@@ -10,8 +10,15 @@ for the run.  ``ELASTIC_HVD_ANNOUNCE=0`` turns the lines off.
 
 import sys
 import time
+from collections.abc import Callable, Collection, Iterable
+from typing import TYPE_CHECKING
 
 from . import config, process
+from .membership import MembershipEvent
+
+if TYPE_CHECKING:
+    from .comm import ResilientComm
+    from .session import Session
 
 #: Said of a loss when no layer re-shares the data / rescales the learning rate.
 UNSHARED_DATA = "the lost {whose} data {shards} not trained {until}"
@@ -20,7 +27,7 @@ ADVICE = "hvd.fit with hvd.ElasticData re-shares the data and rescales the rate"
 SPARES_ADVICE = "elastic-hvd-run --spares K keeps replacements ready"
 
 
-def effect(topic, describe):
+def effect(topic: str, describe: Callable[[MembershipEvent], str | None]) -> None:
     """Register ``describe(event) -> text or None``: what this process does about a
     membership change in ``topic`` (``"data"`` or ``"lr"``), or where training was
     (``"when"``), for the line; replaces the earlier description of that topic.  Kept in
@@ -28,24 +35,24 @@ def effect(topic, describe):
     process.runtime().effects[topic] = describe
 
 
-def _ranks(ids):
+def _ranks(ids: Collection[int]) -> str:
     return f"rank{'s' if len(ids) > 1 else ''} {', '.join(map(str, ids))}"
 
 
-def _ms(seconds):
+def _ms(seconds: float) -> str:
     if seconds < 0.01:
         return f"{seconds * 1e3:.1f} ms"
     return f"{seconds * 1e3:.0f} ms" if seconds < 1 else f"{seconds:.1f} s"
 
 
-def describe(event, comm, steps=None):
+def describe(event: MembershipEvent, comm: "ResilientComm", steps: int | None = None) -> str:
     """The facts of ``event``: who was lost or gained (original ids, hosts on a
     multi-host job), the new size, and what it cost -- each time with what it
     measures."""
-    multi_host = len({comm.host_of(i) for i in (*event.lost, *event.gained)} | set(comm.hosts())
-                     - {None}) > 1
+    hosts = {comm.host_of(i) for i in (*event.lost, *event.gained)} | set(comm.hosts())
+    multi_host = len(hosts - {None}) > 1  # a host not known (None) is no second host
 
-    def where(ids):
+    def where(ids: Iterable[int]) -> str:
         return f" on {', '.join(sorted({str(comm.host_of(i)) for i in ids}))}" if multi_host else ""
 
     who = [f"{what} {_ranks(ids)}{where(ids)}"
@@ -65,7 +72,7 @@ def describe(event, comm, steps=None):
             f"{_ms(event.repair_s)}")
 
 
-def consequences(event, comm):
+def consequences(event: MembershipEvent, comm: "ResilientComm") -> list[str]:
     """What the change means for the run: each topic's registered effect, or what an
     unhandled loss means."""
     effects = process.runtime().effects
@@ -91,10 +98,10 @@ class Announcer:
     Called inside the collective that met the change, on every rank alike: the
     line comes at once, whether or not the program ever reaches a step boundary."""
 
-    def __init__(self, comm, session):
+    def __init__(self, comm: "ResilientComm", session: "Session") -> None:
         self.comm, self.session = comm, session
 
-    def __call__(self, event):
+    def __call__(self, event: MembershipEvent) -> None:
         comm = self.comm
         if comm.rank != 0 or comm.joining:
             return
@@ -104,7 +111,7 @@ class Announcer:
         print(f"{start}[elastic_hvd {time.strftime('%H:%M:%S')}] {line}", flush=True)
 
 
-def stdout_is_terminal():
+def stdout_is_terminal() -> bool:
     """Whether this process's stdout reaches a terminal.  Under ``mpirun`` a rank's
     stdout is always a pseudo-terminal (Open MPI forwards it through one), wherever
     mpirun's own output goes; ``elastic-hvd-run`` tells its ranks what its own stdout

@@ -17,11 +17,11 @@ from . import reducer
 from .ops import ReduceOp, check_op, mpi_ops
 from .reducer import contiguous, finish_reduce, reduce_input
 
-def _as_bytes(array):
+def _as_bytes(array: np.ndarray) -> np.ndarray:
     return array.reshape(-1).view(np.uint8)
 
 
-def even_splits(rows, parts):
+def even_splits(rows: int, parts: int) -> list[int]:
     """Split ``rows`` into ``parts`` counts, the first ranks taking one extra row."""
     base, extra = divmod(rows, parts)
     return [base + (1 if i < extra else 0) for i in range(parts)]
@@ -52,7 +52,7 @@ class CollectivesMixin:
         signature = ("allgather", x.dtype.str, x.shape[1:])
         row_bytes = x.dtype.itemsize * int(np.prod(x.shape[1:], dtype=np.int64))
 
-        def attempt(comm):
+        def attempt(comm: Any) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
             rows = np.empty(comm.size, dtype=np.int64)
             comm.Allgather(np.array([x.shape[0]], dtype=np.int64), rows)
             result = np.empty((int(rows.sum()),) + x.shape[1:], dtype=x.dtype)
@@ -75,7 +75,7 @@ class CollectivesMixin:
                      int(root_rank))
         ids = self.ids
 
-        def attempt(comm):
+        def attempt(comm: Any) -> np.ndarray:
             root = self._root(ids, root_rank)
             if comm.rank == root:
                 comm.Bcast(_as_bytes(x), root=root)
@@ -101,7 +101,7 @@ class CollectivesMixin:
         row_bytes = x.dtype.itemsize * int(np.prod(x.shape[1:], dtype=np.int64))
         dest_ids = self.ids
 
-        def attempt(comm):
+        def attempt(comm: Any) -> tuple[np.ndarray, np.ndarray]:
             starts, counts = _alltoall_layout(x.shape[0], splits, dest_ids)
             ids = self.ids
             send_rows = np.array([counts[i] for i in ids], dtype=np.int64)
@@ -130,7 +130,7 @@ class CollectivesMixin:
                      float(prescale_factor), float(postscale_factor))
         row = int(np.prod(x.shape[1:], dtype=np.int64))
 
-        def attempt(comm):
+        def attempt(comm: Any) -> tuple[np.ndarray, int]:
             mpi_op = mpi_ops(self.MPI)[check_op(op)]
             if x.ndim == 0:
                 raise ValueError("reducescatter needs an array with at least one dimension")
@@ -151,7 +151,7 @@ class CollectivesMixin:
         """Any picklable ``obj`` of ``root_rank`` on every rank (root rule as :meth:`broadcast`)."""
         ids = self.ids
 
-        def attempt(comm):
+        def attempt(comm: Any) -> Any:
             root = self._root(ids, root_rank)
             payload = (pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
                        if comm.rank == root else b"")
@@ -168,7 +168,7 @@ class CollectivesMixin:
         """List of every rank's picklable ``obj``, in rank order."""
         payload = np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), dtype=np.uint8)
 
-        def attempt(comm):
+        def attempt(comm: Any) -> list[Any]:
             lengths = np.empty(comm.size, dtype=np.int64)
             comm.Allgather(np.array([payload.size], dtype=np.int64), lengths)
             data = np.empty(int(lengths.sum()), dtype=np.uint8)
@@ -178,7 +178,7 @@ class CollectivesMixin:
 
         return self.run(("allgather_object",), attempt)
 
-    def root_id(self, ids, root_rank):
+    def root_id(self, ids: Sequence[int], root_rank: int) -> int:
         """Original id of the process acting as root ``root_rank`` of ``ids`` (the ranks
         when the call began): that process, or the lowest survivor if it is gone."""
         if not 0 <= int(root_rank) < len(ids):
@@ -186,11 +186,12 @@ class CollectivesMixin:
         root_id = ids[int(root_rank)]
         return root_id if root_id in self.ids else self.ids[0]
 
-    def _root(self, ids, root_rank):
+    def _root(self, ids: Sequence[int], root_rank: int) -> int:
         return self.ids.index(self.root_id(ids, root_rank))
 
 
-def _alltoall_layout(rows, splits, dest_ids):
+def _alltoall_layout(rows: int, splits: Sequence[int] | np.ndarray | None,
+                     dest_ids: Sequence[int]) -> tuple[dict[int, int], dict[int, int]]:
     """(first row, row count) per destination original id."""
     if splits is None:
         if rows % len(dest_ids):

@@ -27,7 +27,8 @@ an *anomaly* -- never acted on, always said.
 import contextlib
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 import numpy as np
 
@@ -42,6 +43,11 @@ from .membership import Listeners, MembershipEvent
 from .repair import RepairMixin
 from .signature import SignaturePredictor
 
+if TYPE_CHECKING:
+    from .growth import Invitation
+    from .heartbeat import Heartbeat
+    from .spares import SpareInvitation
+
 #: Signature of the last collective of a process that is done (see ``leave``).
 LEAVE = ("leave",)
 #: Seconds a leaving rank waits for the others before it interrupts whatever they run.
@@ -55,6 +61,9 @@ _OK = 1      # the attempt completed on this rank
 _CLEAN = 2   # no error here other than a process failure or a revocation
 _PRE = 4     # contributed before the data transfer (slow path)
 _POST = 8    # contributed after the data transfer
+
+#: What a function given to ``ResilientComm.consistent`` returns.
+_T = TypeVar("_T")
 
 
 class ResilientComm(JoiningMixin, RepairMixin, CollectivesMixin):
@@ -73,8 +82,10 @@ class ResilientComm(JoiningMixin, RepairMixin, CollectivesMixin):
     :class:`.collectives.CollectivesMixin`.
     """
 
-    def __init__(self, MPI, comm, *, min_np=1, mismatch_timeout=5.0, elastic=True,
-                 heartbeat=None, invitation=None, pool=(), spares_in_place=False):
+    def __init__(self, MPI: Any, comm: Any, *, min_np: int = 1, mismatch_timeout: float = 5.0,
+                 elastic: bool = True, heartbeat: "Heartbeat | None" = None,
+                 invitation: "Invitation | SpareInvitation | None" = None,
+                 pool: Iterable[tuple[int, str]] = (), spares_in_place: bool = False) -> None:
         self.MPI = MPI
         self._failure_classes = (MPI.ERR_PROC_FAILED, MPI.ERR_PROC_FAILED_PENDING,
                                  MPI.ERR_REVOKED)
@@ -89,7 +100,7 @@ class ResilientComm(JoiningMixin, RepairMixin, CollectivesMixin):
         #: Every anomaly this process met (see :mod:`.freshness`); list-like.
         self.anomalies = Anomalies(config.current().strict, lambda status: self._comm.Abort(status))
         self._verify_next = False  # after a repair that lost nobody: see _verified
-        self._anomaly_deadline = None  # a threading.Timer while an anomaly is repaired
+        self._anomaly_deadline: threading.Timer | None = None  # while an anomaly is repaired
         self._below_min = None
         self._heartbeat = heartbeat
         #: What the collectives now running are for (set by callers, recorded in events).
@@ -111,7 +122,7 @@ class ResilientComm(JoiningMixin, RepairMixin, CollectivesMixin):
         if self.size < self.min_np:
             raise RanksBelowMinimumError(self.size, self.min_np, ())
 
-    def _start(self, comm):
+    def _start(self, comm: Any) -> None:
         """Make our own communicator from ``comm`` and learn every rank's host and pid,
         leaving out ranks that die meanwhile.
 
@@ -154,12 +165,12 @@ class ResilientComm(JoiningMixin, RepairMixin, CollectivesMixin):
         return tuple(self._ids)
 
     @property
-    def mpi_comm(self):
+    def mpi_comm(self) -> Any:
         """The current (repaired) mpi4py communicator.  It changes after a failure."""
         return self._comm
 
     @property
-    def below_min_np(self):
+    def below_min_np(self) -> RanksBelowMinimumError | None:
         """The RanksBelowMinimumError once too few ranks are left, else None.
 
         Errors raised inside TensorFlow ops reach the caller re-wrapped by TF; this
@@ -167,16 +178,16 @@ class ResilientComm(JoiningMixin, RepairMixin, CollectivesMixin):
         """
         return self._below_min
 
-    def hosts(self):
+    def hosts(self) -> list[str | None]:
         """Host name of each current rank."""
         return [self.host_of(i) for i in self._ids]
 
-    def emptied_hosts(self):
+    def emptied_hosts(self) -> list[str]:
         """Hosts where ranks of this job ran and none is left now, sorted."""
         now = set(self.hosts())
         return sorted({host for host, _ in self._procs.values() if host not in now})
 
-    def host_of(self, original_id):
+    def host_of(self, original_id: int) -> str | None:
         """Host of a process, current or lost, by original id (None if unknown)."""
         return self._procs.get(original_id, (None, None))[0]
 
@@ -248,7 +259,7 @@ class ResilientComm(JoiningMixin, RepairMixin, CollectivesMixin):
                 self.repair(started)
 
     @contextlib.contextmanager
-    def _in_mpi(self):
+    def _in_mpi(self) -> Iterator[None]:
         """The main thread works in MPI: the heartbeat's progress loop pauses, since
         Open MPI's agreement is not safe beside it (see :mod:`.heartbeat`), and the
         stall watchdog counts it as progress.
@@ -276,7 +287,7 @@ class ResilientComm(JoiningMixin, RepairMixin, CollectivesMixin):
             if self._heartbeat is not None:
                 self._heartbeat.leave()
 
-    def consistent(self, attempt):
+    def consistent(self, attempt: Callable[[], _T]) -> _T:
         """Run ``attempt()`` -- several collectives -- until it completes without a
         membership change, so that all its results come from one membership.
 
@@ -289,7 +300,7 @@ class ResilientComm(JoiningMixin, RepairMixin, CollectivesMixin):
             if len(self.events) == seen:
                 return result
 
-    def _agree(self, comm, flag, timeout=None):
+    def _agree(self, comm: Any, flag: int, timeout: float | None = None) -> int | None:
         """Agreed AND of ``flag`` (its 4 outcome bits); None when a process failure
         interrupted it, or when the agreed value is not this agreement's (an
         anomaly: then ``comm`` is revoked, so that every member repairs).
@@ -311,14 +322,14 @@ class ResilientComm(JoiningMixin, RepairMixin, CollectivesMixin):
         if value & ~OUTCOME_MASK == stamp:
             if self._anomaly_deadline is not None:  # repaired: the ranks agree again
                 self._anomaly_deadline, deadline = None, self._anomaly_deadline
-                deadline.cancel()
+                deadline.cancel()  # type: ignore[attr-defined]  # mypy reads the None just set
             return value & OUTCOME_MASK
         self.revoke(comm)  # a member that waits in this agreement is freed by it
         self._anomaly("the agreed value belongs to another agreement",
                       expected=hex(stamp | flag), got=hex(value))
         return None
 
-    def _agreement(self, comm, value, timeout):
+    def _agreement(self, comm: Any, value: int, timeout: float | None) -> int:
         """``MPI_Comm_agree(value)`` on ``comm``; with ``timeout``, a rank that waits
         longer revokes ``comm``.  Open MPI's blocking agreement is its non-blocking
         one plus a wait, with one sequence of agreement ids, so the two kinds match."""
@@ -331,7 +342,7 @@ class ResilientComm(JoiningMixin, RepairMixin, CollectivesMixin):
             request.Wait()
         return int(buf[0])
 
-    def _anomaly(self, kind, **evidence):
+    def _anomaly(self, kind: str, **evidence: Any) -> None:
         """Record an anomaly (see :mod:`.freshness`; in strict mode the job ends here)
         with where it happened, and set this rank a deadline to agree again.
 
@@ -356,7 +367,7 @@ class ResilientComm(JoiningMixin, RepairMixin, CollectivesMixin):
             self._anomaly_deadline.daemon = True
             self._anomaly_deadline.start()
 
-    def _verified(self):
+    def _verified(self) -> bool:
         """True (once) when the next call must take the slow path, its exact signature
         exchanged: after a repair that lost nobody -- a revocation by an anomaly, a
         local error or a mismatch -- so that ranks whose control flow split there
@@ -366,7 +377,7 @@ class ResilientComm(JoiningMixin, RepairMixin, CollectivesMixin):
         return verify
 
     @contextlib.contextmanager
-    def rehearsal(self):
+    def rehearsal(self) -> Iterator[None]:
         """Collectives inside run on this process alone (``COMM_SELF``).
 
         A joining process runs one throw-away training step in a rehearsal, so
@@ -381,7 +392,7 @@ class ResilientComm(JoiningMixin, RepairMixin, CollectivesMixin):
         finally:
             self._rehearsing = False
 
-    def agree(self, flag):
+    def agree(self, flag: int) -> int:
         """Bitwise AND of ``flag`` (an int >= 0) over the live ranks: a resilient
         collective, so a rank lost meanwhile is repaired away (``events`` grows) and
         the AND is that of the survivors.
@@ -393,14 +404,14 @@ class ResilientComm(JoiningMixin, RepairMixin, CollectivesMixin):
         every rank raises MismatchError (measured: a spawn's outcome ``0`` met a
         leaver's announcement).  A transaction's agreement carries its phase, so
         both sides see the mismatch, and the signatures then show who leaves."""
-        def attempt(comm):
+        def attempt(comm: Any) -> int:
             result = np.empty(1, dtype=np.int64)  # fresh: a failed try may have written it
             comm.Allreduce(np.array([flag], dtype=np.int64), result, op=self.MPI.BAND)
             return int(result[0])
         return self.run(None, attempt)
 
     # -- errors every rank raises ---------------------------------------------------
-    def _mismatch(self, signature):
+    def _mismatch(self, signature: Any) -> None:
         """Ranks called different collectives: raise MismatchError on all of them --
         unless some of them are *leaving* (see :meth:`leave`): those raise
         :class:`LeftEarly` and exit, and the others return to retry their call, in
@@ -414,7 +425,7 @@ class ResilientComm(JoiningMixin, RepairMixin, CollectivesMixin):
                       signature=signature)
         self._predictor.load_state(self.run(None, lambda c: c.bcast(self._predictor.state())))
 
-    def _same_calls(self, signature):
+    def _same_calls(self, signature: Any) -> bool:
         """Whether every rank called ``signature`` (compared exactly, all ranks' in
         full).  If not: MismatchError on every rank, or, when some ranks are leaving,
         :class:`LeftEarly` on those and False on the others, which retry their call."""
@@ -430,7 +441,7 @@ class ResilientComm(JoiningMixin, RepairMixin, CollectivesMixin):
             raise LeftEarly(sum(leaving), len(signatures))
         return False
 
-    def leave(self):
+    def leave(self) -> None:
         """The last collective of a process that is done (``atexit``).
 
         When every rank leaves it is a barrier, so that all finalize together.  A
@@ -442,7 +453,7 @@ class ResilientComm(JoiningMixin, RepairMixin, CollectivesMixin):
         with no detection delay and no ``MismatchError``."""
         self.run(LEAVE, lambda comm: comm.Barrier())
 
-    def _application_error(self, error, signature):
+    def _application_error(self, error: BaseException | None, signature: Any) -> None:
         """The ranks agreed that the collective failed with an error other than a
         process failure: raise it on every rank (this rank's own, or the first
         holder's as RemoteCollectiveError).
@@ -471,11 +482,11 @@ class ResilientComm(JoiningMixin, RepairMixin, CollectivesMixin):
 class LeftEarly(Exception):
     """This process left while other ranks go on training (see ``ResilientComm.leave``)."""
 
-    def __init__(self, leaving, size):
+    def __init__(self, leaving: int, size: int) -> None:
         super().__init__(f"{leaving} of {size} ranks left while the others go on training")
 
 
-def _wait(request, timeout):
+def _wait(request: Any, timeout: float) -> bool:
     """Wait for ``request`` up to ``timeout`` seconds; True when it completed."""
     deadline = time.monotonic() + timeout
     pause = 1e-5

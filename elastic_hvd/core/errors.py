@@ -5,6 +5,9 @@ outcome of each collective is agreed on), so a script can handle them without
 fearing that another rank went on without it.
 """
 
+from collections.abc import Container, Iterable, Sequence
+from typing import Any
+
 from .ops import ReduceOp
 
 #: Why only the global process set exists (the message of every refusal).
@@ -22,7 +25,7 @@ class ElasticHvdError(RuntimeError):
 class NotInitializedError(ElasticHvdError, ValueError):
     """An API that needs the communicator was called before ``init()``."""
 
-    def __init__(self, what="this call"):
+    def __init__(self, what: str = "this call") -> None:
         super().__init__(
             f"elastic_hvd has not been initialized; call hvd.init() before {what}.")
 
@@ -35,7 +38,7 @@ class RanksBelowMinimumError(ElasticHvdError):
     checkpoint.
     """
 
-    def __init__(self, size, min_np, lost):
+    def __init__(self, size: int, min_np: int, lost: Iterable[int]) -> None:
         self.size, self.min_np, self.lost = size, min_np, tuple(lost)
         super().__init__(
             f"only {size} rank(s) left after losing original rank(s) {list(self.lost)}; "
@@ -50,7 +53,8 @@ class MismatchError(ElasticHvdError, ValueError):
     but not compared: Horovod does not require ranks to name a collective alike.
     """
 
-    def __init__(self, signatures, names=None):
+    def __init__(self, signatures: Iterable[tuple[Any, ...]],
+                 names: Sequence[str] | None = None) -> None:
         self.signatures = list(signatures)
         # (a rank lost while the names were gathered leaves them unmatched: none then)
         self.names = list(names) if names is not None and len(names) == len(self.signatures) \
@@ -82,7 +86,8 @@ SIGNATURE_FIELDS = {
 _QUIET = ("prescale_factor", "postscale_factor", "allreduce_piece_bytes")
 
 
-def describe_call(signature, name="", show=()):
+def describe_call(signature: tuple[Any, ...], name: str = "",
+                  show: Container[str] = ()) -> str:
     """One rank's call with its parts labelled, its real shapes and dtype names, e.g.
     ``allreduce name='loss' dtype=float32 shape=(2, 3) op=Average``; the parts in
     :data:`_QUIET` only when named in ``show``."""
@@ -92,13 +97,13 @@ def describe_call(signature, name="", show=()):
     return " ".join(parts)
 
 
-def _labelled(signature):
+def _labelled(signature: tuple[Any, ...]) -> dict[str, str]:
     """``{part: text}`` of a signature (after its kind)."""
     names, rest = SIGNATURE_FIELDS.get(signature[0], ()), signature[1:]
     if len(names) != len(rest):  # a kind this table does not know: numbered parts
         return {f"part{i + 1}": repr(value) for i, value in enumerate(rest)}
     fields = dict(zip(names, rest))
-    texts = {}
+    texts: dict[str, str] = {}
     for field, value in fields.items():
         if field == "dtype":
             texts[field] = _dtype_name(value)
@@ -118,14 +123,14 @@ def _labelled(signature):
     return texts
 
 
-def _shapes(shapes):
+def _shapes(shapes: Sequence[tuple[Any, ...]]) -> str:
     if len(shapes) == 1:
         return str(shapes[0])
     listed = ", ".join(map(str, shapes[:4]))
     return f"[{listed}{f', ... ({len(shapes)} tensors)' if len(shapes) > 4 else ''}]"
 
 
-def _dtype_name(text):
+def _dtype_name(text: Any) -> str:
     import numpy as np  # the core's errors are imported before anything needs numpy
     try:
         return np.dtype(text).name
@@ -142,7 +147,7 @@ class RemoteCollectiveError(ElasticHvdError):
     TensorFlow's InvalidArgumentError on every rank, as Horovod does.
     """
 
-    def __init__(self, message, error_types=()):
+    def __init__(self, message: str, error_types: Iterable[str] = ()) -> None:
         super().__init__(message)
         self.error_types = tuple(error_types)
 
@@ -154,7 +159,7 @@ class FaultInjected(ElasticHvdError):
 class JoinOrderError(ElasticHvdError):
     """A joining process called a collective before it received the live state."""
 
-    def __init__(self, signature):
+    def __init__(self, signature: tuple[Any, ...]) -> None:
         super().__init__(
             f"this process was spawned into a running job and called {signature[0]!r} before "
             "receiving the live training state; a joining process must skip start-up "

@@ -44,6 +44,7 @@ import os
 import signal as _signal
 import threading
 import time
+from collections.abc import Iterable
 
 from . import config, process
 from .errors import FaultInjected
@@ -66,7 +67,7 @@ class Fault:
     delay: float = 0.0
     phase: str = "before"
 
-    def fire(self):
+    def fire(self) -> None:
         if self.signal == "RAISE":  # an exception must come from the caller's thread
             raise FaultInjected(f"injected fault on original rank {self.rank}")
         if self.signal == "SYSEXIT":
@@ -76,13 +77,13 @@ class Fault:
         else:
             self._deliver(0.0)
 
-    def _deliver(self, delay):
+    def _deliver(self, delay: float) -> None:
         if delay:
             time.sleep(delay)
         _signal_self(self.signal)
 
 
-def _signal_self(name):
+def _signal_self(name: str) -> None:
     """Deliver the fault ``name`` (a signal name, ``EXIT`` or ``HANG``) to this process."""
     if name == "HANG":
         while True:
@@ -96,7 +97,7 @@ def _signal_self(name):
 MOMENTS = ("coll", "step", "spawn", "handover", "repair")
 
 
-def parse(spec):
+def parse(spec: str | None) -> list[Fault]:
     """Parse a fault plan string into a list of :class:`Fault`."""
     faults = []
     for entry in filter(None, (part.strip() for part in (spec or "").split(";"))):
@@ -142,7 +143,7 @@ def parse(spec):
 class FaultPlan:
     """The faults that concern this process, fired when their moment comes."""
 
-    def __init__(self, faults, original_id):
+    def __init__(self, faults: Iterable[Fault], original_id: int | None) -> None:
         mine = [f for f in faults if f.rank == original_id]
         self._by_coll = {f.coll: f for f in mine if f.coll is not None and f.phase == "before"}
         self._after_coll = {f.coll: f for f in mine if f.coll is not None and f.phase == "after"}
@@ -154,98 +155,98 @@ class FaultPlan:
         self._by_joiner = {f.joiner: f.signal for f in faults if f.joiner is not None}
         self._collectives = self._spawns = self._handovers = self._repairs = 0
 
-    def __bool__(self):
+    def __bool__(self) -> bool:
         return bool(self._by_coll or self._after_coll or self._by_step or self._by_spawn
                     or self._in_merge or self._by_handover or self._by_repair or self._by_joiner)
 
-    def at_repair(self):
+    def at_repair(self) -> None:
         self._repairs += 1
         fault = self._by_repair.pop(self._repairs, None)
         if fault:
             fault.fire()
 
-    def at_handover(self):
+    def at_handover(self) -> None:
         self._handovers += 1
         fault = self._by_handover.pop(self._handovers, None)
         if fault:
             fault.fire()
 
-    def at_spawn(self):
+    def at_spawn(self) -> None:
         self._spawns += 1
         fault = self._by_spawn.pop(self._spawns, None)
         if fault:
             fault.fire()
 
-    def at_merge(self):
+    def at_merge(self) -> None:
         fault = self._in_merge.pop(self._spawns, None)
         if fault:
             fault.fire()
 
-    def at_collective(self):
+    def at_collective(self) -> None:
         self._collectives += 1
         fault = self._by_coll.pop(self._collectives, None)
         if fault:
             fault.fire()
 
-    def after_transfer(self):
+    def after_transfer(self) -> None:
         fault = self._after_coll.pop(self._collectives, None)
         if fault:
             fault.fire()
 
-    def joiner_signal(self, spawn_number):
+    def joiner_signal(self, spawn_number: int) -> str | None:
         """The signal planned for the process of the ``spawn_number``-th spawn, or None."""
         return self._by_joiner.get(spawn_number)
 
-    def at_step(self, step):
+    def at_step(self, step: int) -> None:
         fault = self._by_step.pop(int(step), None)
         if fault:
             fault.fire()
 
 
-def configure(original_id, spec=None):
+def configure(original_id: int | None, spec: str | None = None) -> FaultPlan:
     """Load this process's plan (from ``spec`` or the environment); called by init()."""
     plan = FaultPlan(parse(config.current().faults if spec is None else spec), original_id)
     process.runtime().faults = plan
     return plan
 
 
-def at_collective():
+def at_collective() -> None:
     plan = process.runtime().faults
     if plan:
         plan.at_collective()
 
 
-def after_transfer():
+def after_transfer() -> None:
     plan = process.runtime().faults
     if plan:
         plan.after_transfer()
 
 
-def at_spawn():
+def at_spawn() -> None:
     plan = process.runtime().faults
     if plan:
         plan.at_spawn()
 
 
-def at_merge():
+def at_merge() -> None:
     plan = process.runtime().faults
     if plan:
         plan.at_merge()
 
 
-def at_handover():
+def at_handover() -> None:
     plan = process.runtime().faults
     if plan:
         plan.at_handover()
 
 
-def at_repair():
+def at_repair() -> None:
     plan = process.runtime().faults
     if plan:
         plan.at_repair()
 
 
-def for_joiner(spawn_number):
+def for_joiner(spawn_number: int) -> dict[str, str]:
     """The fault planned for the process of the job's ``spawn_number``-th spawn:
     ``{JOINER_ENV: signal}`` for its environment, or ``{}``."""
     plan = process.runtime().faults
@@ -253,14 +254,14 @@ def for_joiner(spawn_number):
     return {JOINER_ENV: signal} if signal else {}
 
 
-def at_joiner_start():
+def at_joiner_start() -> None:
     """In a spawned process, before MPI_Init: fire the fault its spawner planned."""
     signal = os.environ.pop(JOINER_ENV, None)
     if signal:
         _signal_self(signal)
 
 
-def at_step(step):
+def at_step(step: int) -> None:
     """Called by training loops before each step (counted from 1)."""
     plan = process.runtime().faults
     if plan:

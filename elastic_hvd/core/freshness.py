@@ -27,6 +27,8 @@ the same collective but predicted it differently).
 
 import sys
 import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 from .membership import Listeners
 
@@ -39,7 +41,7 @@ OUTCOME_MASK = (1 << SHIFT) - 1
 _MASK = (1 << BITS) - 1
 
 
-def stamp(generation, sequence):
+def stamp(generation: int, sequence: int) -> int:
     """The stamp bits of agreement ``sequence`` on the ``generation``-th communicator.
 
     A multiplicative hash (Knuth's golden-ratio constant), so that values of nearby
@@ -52,22 +54,22 @@ def stamp(generation, sequence):
 class Stamps:
     """Where this process is in the sequence of agreements, alike on every member."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.generation, self.sequence = 0, 0
 
-    def next(self):
+    def next(self) -> int:
         """The stamp for the next agreement on the live communicator."""
         self.sequence += 1
         return stamp(self.generation, self.sequence)
 
-    def renew(self):
+    def renew(self) -> None:
         """A new live communicator: the next generation, its agreements from 1."""
         self.generation, self.sequence = self.generation + 1, 0
 
-    def state(self):
+    def state(self) -> tuple[int, int]:
         return (self.generation, self.sequence)
 
-    def load_state(self, state):
+    def load_state(self, state: Sequence[int]) -> None:
         self.generation, self.sequence = state
 
 
@@ -77,18 +79,18 @@ class Anomalies:
     ``abort(status)`` ends the whole job (the communicator's ``MPI_Abort``);
     ``strict`` decides whether it is called."""
 
-    def __init__(self, strict, abort):
+    def __init__(self, strict: bool, abort: Callable[[int], object]) -> None:
         self.strict, self._abort = strict, abort
-        self.seen = []
+        self.seen: list[dict[str, Any]] = []
         self.listeners = Listeners()
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self.seen)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[dict[str, Any]]:
         return iter(self.seen)
 
-    def record(self, kind, **evidence):
+    def record(self, kind: str, **evidence: Any) -> None:
         """Count, say and announce the anomaly ``kind``; in strict mode end the job."""
         entry = {"anomaly": kind, "time": time.time(), **evidence}
         self.seen.append(entry)

@@ -44,13 +44,18 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Collection, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 import numpy as np
 
 from . import faults, heartbeat, mpi_env, spares
 from .errors import ElasticHvdError
 from .membership import MembershipEvent
-from .spawn import SpawnCall, spawn_timeout
+from .spawn import MergeCall, SpawnCall, spawn_timeout
+
+if TYPE_CHECKING:
+    from .comm import ResilientComm
 
 #: ``ResilientComm.label`` while a join's bookkeeping is exchanged.
 JOIN_LABEL = "ElasticJoin"
@@ -72,7 +77,8 @@ class _Pending:
     """A spawn whose joiners have not been adopted yet (running ranks' side): the
     merged communicator and, on its rank 0, one receive per joiner's ready message."""
 
-    def __init__(self, merged, count, events, started, slot=None, spare=None):
+    def __init__(self, merged: Any, count: int, events: int, started: float,
+                 slot: int | None = None, spare: int | None = None) -> None:
         self.merged, self.count, self.events, self.started = merged, count, events, started
         self.slot = slot  # the rank number a spare of a plain script takes, else None
         self.spare = spare  # the adopted spare's world rank; None for spawned processes
@@ -82,7 +88,7 @@ class _Pending:
         self._ready = [merged.Irecv(buffer, source=r, tag=_READY)
                        for buffer, r in zip(self._buffers, joiners)]
 
-    def test(self, MPI):
+    def test(self, MPI: Any) -> int:
         """1 when every joiner said it is ready (as far as this rank knows), 0 not yet,
         -1 when the join broke (a joiner died, the communicator was revoked)."""
         try:
@@ -90,7 +96,7 @@ class _Pending:
         except MPI.Exception:
             return -1
 
-    def close(self, comm, why=None):
+    def close(self, comm: "ResilientComm", why: int | None = None) -> None:
         """Revoke the merged communicator (its joiners give up) and retire it; first
         tell the joiners ``why`` (:data:`ENDED`, ...) when known, so that they can say it.
 
@@ -148,7 +154,7 @@ class Invitation:
     #: Seconds a given-up process may take to exit before it ends itself.
     EXIT_GRACE = 10.0
 
-    def __init__(self, MPI, merged):
+    def __init__(self, MPI: Any, merged: Any) -> None:
         self.MPI, self.merged = MPI, merged
         # The running ranks' verdict, if they give this process up (see _Pending.close):
         # posted now, so that it completes on arrival, before the revoke that follows it.
@@ -162,7 +168,7 @@ class Invitation:
         self._thread.start()
         atexit.register(self.close)  # before MPI_Finalize (mpi4py's or runtime's)
 
-    def _watch(self, MPI, main):
+    def _watch(self, MPI: Any, main: threading.Thread) -> None:
         while not self._stop.wait(self.WATCH_PERIOD):
             try:
                 self.merged.Iprobe(0, _READY)  # never matches; fails once revoked
@@ -170,12 +176,13 @@ class Invitation:
                 if self._stop.is_set():  # join() took the communicator over
                     return
                 print(_leaving_line(self._reason(MPI)), file=sys.stderr, flush=True)
-                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(main.ident),
-                                                           ctypes.py_object(JoinAbandoned))
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(
+                    ctypes.c_ulong(main.ident),  # type: ignore[arg-type]  # started: an int
+                    ctypes.py_object(JoinAbandoned))
                 time.sleep(self.EXIT_GRACE)  # the process normally ends meanwhile
                 _end_stuck(main, self.EXIT_GRACE)
 
-    def _reason(self, MPI):
+    def _reason(self, MPI: Any) -> str:
         """Why the job gave this process up: the first verdict received, else both causes."""
         for request, buffer in zip(self._verdict_requests, self._verdicts):
             with contextlib.suppress(MPI.Exception):  # not received: failed by the revoke
@@ -184,20 +191,20 @@ class Invitation:
         return _GIVEN_UP
 
     @property
-    def comm(self):
+    def comm(self) -> Any:
         """The communicator that stands for the live one until the process joins."""
         return self.merged
 
     @property
-    def initial_size(self):
+    def initial_size(self) -> int:
         return self.merged.size
 
-    def accept(self):
+    def accept(self) -> Any:
         """Stop watching and hand the merged communicator over (in ``join()``)."""
         self.close()
         return self.merged
 
-    def close(self):
+    def close(self) -> None:
         """Stop watching (local; idempotent)."""
         self._stop.set()
         if self._thread is not threading.current_thread():
@@ -224,43 +231,52 @@ class Growth:
     (its *slot*: the rank a plain script believes it has, see :mod:`.spares`).
     """
 
-    def __init__(self, comm, invitation=None, pool=(), in_place=False):
+    def __init__(self, comm: "ResilientComm",
+                 invitation: "Invitation | spares.SpareInvitation | None" = None,
+                 pool: Iterable[tuple[int, str]] = (), in_place: bool = False) -> None:
         self.comm = comm
         self.in_place = in_place
         #: Original id -> slot, the same on every rank (a joiner gets it in the book).
+        self.slots: dict[int, int]
         self.slots = {} if invitation is not None else {i: i for i in range(comm.initial_size)}
+        self._claims: dict[int, tuple[int, Any]]
         self._claims = {}  # rank 0 of an in-place job: spare's world rank -> (slot, send)
-        self._pending = None
-        self._invitation = invitation
+        self._pending: _Pending | None = None
+        # Any: an Invitation or a SpareInvitation (duck-typed: accept/connect, await_claim,
+        # close), None once joined; only called where the protocol's state rules None out.
+        self._invitation: Any = invitation
         self.spawns = 0  # spawns this job made (counted alike on every rank; joiners are told)
+        self.next_id: int | None
         self.next_id = None if invitation is not None else comm.initial_size  # the next joiner's
         self.pool = list(pool)
         #: A process of mpirun's own job (a spawned one has a world of its own).
         self.in_world = not isinstance(invitation, Invitation)
+        self._ready_spares: dict[int, int]
         self._ready_spares = {}  # spares that told this rank they are ready -> slot (-1: none)
 
     @property
-    def joining(self):
+    def joining(self) -> bool:
         """True in a spawned process until it has joined."""
         return self._invitation is not None
 
     @property
-    def replacing(self):
+    def replacing(self) -> int | None:
         """In a claimed spare of an in-place job until it joins: the slot it takes."""
         return getattr(self._invitation, "slot", None)
 
-    def vacant_slots(self):
+    def vacant_slots(self) -> list[int]:
         """Slots of the starting ranks that no live rank holds (in-place jobs)."""
         taken = {self.slots.get(i, i) for i in self.comm.ids}
         return sorted(set(range(self.comm.initial_size)) - taken)
 
     @property
-    def pending(self):
+    def pending(self) -> bool:
         """True while spawned processes wait to be adopted (running ranks)."""
         return self._pending is not None
 
     # -- running ranks ----------------------------------------------------------------
-    def spawn(self, count, hosts=(), oversubscribe=None):
+    def spawn(self, count: int, hosts: Sequence[str] = (),
+              oversubscribe: bool | None = None) -> bool:
         """Start ``count`` joiners (collective); True if they are on their way.
 
         ``hosts``: host names to place them on (default: Open MPI's choice).  A
@@ -274,7 +290,8 @@ class Growth:
         call = SpawnCall(self.comm, count, hosts, oversubscribe, faults.for_joiner(self.spawns))
         return self._start_join(call, count, started, events, f"spawning {count} process(es)")
 
-    def _start_join(self, call, count, started, events, what, slot=None, spare=None):
+    def _start_join(self, call: MergeCall, count: int, started: float, events: int, what: str,
+                    slot: int | None = None, spare: int | None = None) -> bool:
         """Wait for ``call`` (a :class:`.spawn.MergeCall`) and agree on its outcome:
         True with the join pending, or False with its communicators revoked."""
         comm = self.comm
@@ -291,7 +308,7 @@ class Growth:
             print(f"elastic_hvd: {what} failed: {why}", file=sys.stderr, flush=True)
         return False
 
-    def adopt_spare(self, avoid_hosts=()):
+    def adopt_spare(self, avoid_hosts: Collection[str] = ()) -> bool:
         """Connect a ready hot spare (collective, at a step boundary): True if it is on
         its way (a join is pending, as after :meth:`spawn`).  The pool loses the
         spares any rank knows to have failed; the spare chosen is the first ready one
@@ -302,7 +319,7 @@ class Growth:
             return False
         comm, MPI = self.comm, self.comm.MPI
         started, events = time.perf_counter(), len(comm.events)
-        mine = (-1, [], [])
+        mine: tuple[int, list[tuple[int, int]], list[int]] = (-1, [], [])
         if self.in_world:
             while (message := spares.receive(MPI, MPI.COMM_WORLD, spares.READY, 4)) is not None:
                 if message[1] is not None:  # a dead one is in ``failed`` below
@@ -335,7 +352,7 @@ class Growth:
         return self._start_join(call, 1, started, events,
                                 f"adopting the spare (world rank {spare})", slot, spare)
 
-    def claim_spares(self):
+    def claim_spares(self) -> None:
         """Rank 0 of an in-place job, after each commit (local, no collective): give
         each vacant slot to a waiting spare (a :data:`.spares.CLAIM`), one preferably
         on another host than the slot's last holder; again if a claimed spare died
@@ -367,12 +384,12 @@ class Growth:
                       f"as rank {slot}, which was lost; it joins at the next epoch's start "
                       "once ready", file=sys.stderr, flush=True)
 
-    def release_spares(self):
+    def release_spares(self) -> None:
         """At the job's end: the spares not adopted may go (world processes tell them)."""
         if self.in_world and self.pool and not self.joining:
             spares.release(self.comm.MPI, self.pool)
 
-    def poll(self):
+    def poll(self) -> MembershipEvent | None:
         """At a step boundary (collective while a join is pending): adopt the joiners
         if they are all ready; returns the growth event then, else None."""
         pending = self._pending
@@ -391,10 +408,11 @@ class Growth:
         # Commit: a fresh communicator that the joiners also create.  Until it
         # exists a joiner may still be told to go (a revoked merged communicator).
         # A spare that takes a slot gets that place in the rank order (ranks by slot).
-        adopted = None
+        adopted: Any = None
+        me = cast(int, comm.original_id)  # None only in a joiner, which never gets here
         try:
             adopted = (pending.merged.Dup() if pending.slot is None else
-                       pending.merged.Split(0, self.slots.get(comm.original_id, comm.original_id)))
+                       pending.merged.Split(0, self.slots.get(me, me)))
             adopted.Set_errhandler(MPI.ERRORS_RETURN)
         except MPI.Exception:
             pass
@@ -407,8 +425,9 @@ class Growth:
         self._pending = None
         self.pool = [(w, host) for w, host in self.pool if w != pending.spare]
         old_ids = list(comm.ids)
-        new_ids = list(range(self.next_id, self.next_id + pending.count))
-        self.next_id += pending.count
+        next_id = cast(int, self.next_id)  # None only in a joiner, which never gets here
+        new_ids = list(range(next_id, next_id + pending.count))
+        self.next_id = next_id + pending.count
         ids = old_ids + new_ids
         if pending.slot is not None:  # MPI_Comm_split's order: by key, then by merged rank
             self.slots[new_ids[0]] = pending.slot
@@ -424,7 +443,7 @@ class Growth:
         comm.settle(adopted)
         return self._welcome(old_ids, pending.started, pending.spawn_s)
 
-    def abandon(self, why=None):
+    def abandon(self, why: int | None = None) -> None:
         """Give up the pending join (local; its joiners exit, saying ``why``: :data:`ENDED`,
         :data:`CHANGED` or :data:`BROKE`).  In a process that has not joined: stop
         watching for the job's verdict (it is about to exit)."""
@@ -435,18 +454,18 @@ class Growth:
             self._invitation.close()
 
     # -- a spawned process ----------------------------------------------------------------
-    def await_adoption(self):
+    def await_adoption(self) -> str | None:
         """In a hot spare: wait (outside MPI's collectives, see :mod:`.spares`) until
         training ranks adopt it; returns the port to connect to.  None elsewhere."""
         if not isinstance(self._invitation, spares.SpareInvitation):
             return None
         return self._invitation.wait(lambda why: leave_unjoined(why, who=_SPARE))
 
-    def await_claim(self):
+    def await_claim(self) -> tuple[int, int]:
         """In a spare of an in-place job: ``(slot, size)`` once rank 0 claims it."""
         return self._invitation.await_claim(lambda why: leave_unjoined(why, who=_SPARE))
 
-    def join(self, port=None):
+    def join(self, port: str | None = None) -> MembershipEvent | None:
         """Joiner side: meet the running job and take over its bookkeeping; returns
         the growth event.  If the job gave up on this process (its ranks changed, or
         training ended first), a spawned process exits: nobody needs it; a spare
@@ -483,7 +502,8 @@ class Growth:
         return self._welcome(book["old"], started, 0.0)
 
     # -- both ---------------------------------------------------------------------------
-    def _welcome(self, old_ids, started, spawn_s):
+    def _welcome(self, old_ids: Sequence[int], started: float,
+                 spawn_s: float) -> MembershipEvent:
         """Last step of a join, on old and new ranks: exchange hosts and pids (a
         resilient collective: a failure from here on is repaired like any other,
         and reported in this event) and record the one growth event."""
@@ -501,7 +521,7 @@ class Growth:
         return event
 
 
-def _minimum(MPI, comm, value):
+def _minimum(MPI: Any, comm: Any, value: int) -> int:
     """The minimum of the ints ``value`` over ``comm``, by ``MPI_Allreduce`` on ``comm``
     itself.  Never mpi4py's pickled ``comm.allreduce``: it runs point-to-point on a
     hidden duplicate of ``comm`` that a revoke of ``comm`` does not reach, so a rank
@@ -520,10 +540,10 @@ _SPARE = "a hot spare"
 _leaving = threading.Lock()
 
 
-def _end_stuck(main, grace):
+def _end_stuck(main: threading.Thread, grace: float) -> None:
     """End a given-up process whose main thread did not stop within ``grace`` seconds,
     loudly: where its main thread is, then SIGKILL (see :class:`Invitation`)."""
-    frame = sys._current_frames().get(main.ident)
+    frame = sys._current_frames().get(main.ident)  # type: ignore[arg-type]  # started: an int
     stack = "".join(traceback.format_stack(frame)) if frame is not None else "(gone)\n"
     print(f"elastic_hvd: process {os.getpid()}, given up by the running job, did not exit within "
           f"{grace:.0f}s: its main thread is inside a call that does not return to Python; "
@@ -531,11 +551,12 @@ def _end_stuck(main, grace):
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _leaving_line(why, who=_SPAWNED):
+def _leaving_line(why: str, who: str = _SPAWNED) -> str:
     return f"elastic_hvd: process {os.getpid()}, {who}, exits without joining: {why}"
 
 
-def leave_unjoined(why, *comms, finalize=True, who=_SPAWNED):
+def leave_unjoined(why: str, *comms: Any, finalize: bool = True,
+                   who: str = _SPAWNED) -> NoReturn:
     """End a spawned process that will never join: one line that says why, then
     ``MPI_Finalize`` (after freeing ``comms``) and exit status 0.
 

@@ -48,12 +48,14 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 from . import config, mpi_env, process, workarounds
 
 
-def progress():
+def progress() -> None:
     """Tell the stall watchdog that this rank makes progress (cheap; any thread).
 
     Call it from a training loop that computes for longer than the stall timeout
@@ -64,7 +66,7 @@ def progress():
         heartbeat.tick()
 
 
-def stop():
+def stop() -> None:
     """Stop this process's heartbeat, if one runs (before MPI_Finalize)."""
     heartbeat = process.runtime().heartbeat
     if heartbeat is not None:
@@ -86,7 +88,7 @@ class NativeProgress:
     caller then falls back to a Python thread).
     """
 
-    def __init__(self, interval):
+    def __init__(self, interval: float) -> None:
         pal_path = mpi_env.loaded_library("libopen-pal.so")
         ev_path = mpi_env.loaded_library("libevent_core")
         if not pal_path or not ev_path:
@@ -123,15 +125,15 @@ class NativeProgress:
                                         name="elastic_hvd-progress", daemon=True)
         self._thread.start()
 
-    def pause(self):
+    def pause(self) -> None:
         """No ``opal_progress`` from this loop until :meth:`resume` (once a callback
         that is running has returned)."""
         self._ev.event_del(self._event)
 
-    def resume(self):
+    def resume(self) -> None:
         self._ev.event_add(self._event, ctypes.byref(self._tv))
 
-    def stop(self):
+    def stop(self) -> None:
         if self._base is None:
             return
         self._ev.event_base_loopbreak(self._base)  # seen at the next timer at the latest
@@ -145,7 +147,7 @@ class NativeProgress:
 class _PythonProgress:
     """Fallback for an MPI that is not Open MPI: Iprobe from a Python thread (needs the GIL)."""
 
-    def __init__(self, MPI, interval):
+    def __init__(self, MPI: Any, interval: float) -> None:
         self._comm = MPI.COMM_SELF.Dup()
         self._stop = threading.Event()
         self._paused = threading.Lock()  # held by the main thread during a collective
@@ -153,18 +155,18 @@ class _PythonProgress:
                                         name="elastic_hvd-progress", daemon=True)
         self._thread.start()
 
-    def _loop(self, interval):
+    def _loop(self, interval: float) -> None:
         while not self._stop.wait(interval):
             with self._paused:
                 self._comm.Iprobe()
 
-    def pause(self):
+    def pause(self) -> None:
         self._paused.acquire()
 
-    def resume(self):
+    def resume(self) -> None:
         self._paused.release()
 
-    def stop(self):
+    def stop(self) -> None:
         self._stop.set()
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join()
@@ -191,7 +193,7 @@ class WaitingBoard:
 
     ENV = config.env("waiting_board")
 
-    def __init__(self, path):
+    def __init__(self, path: str | os.PathLike[str] | None) -> None:
         self.path = Path(path) if path else None
         if self.path is not None:
             self.path.mkdir(parents=True, exist_ok=True)
@@ -199,7 +201,8 @@ class WaitingBoard:
             self._mine = self.path / f"{socket.gethostname()}-{os.getpid()}"
 
     @classmethod
-    def of_job(cls, chosen=None, environ=os.environ):
+    def of_job(cls, chosen: str | None = None,
+               environ: Mapping[str, str] = os.environ) -> "WaitingBoard":
         """The board at ``chosen`` (the setting), else the job's (see above)."""
         if chosen:
             return cls(chosen)
@@ -208,11 +211,11 @@ class WaitingBoard:
             return cls(Path(status_dir) / "waiting")
         return cls(environ.get("PMIX_SERVER_TMPDIR"))
 
-    def say_waiting(self):
+    def say_waiting(self) -> None:
         if self.path is not None:
             self._mine.touch()
 
-    def others_waited_within(self, seconds):
+    def others_waited_within(self, seconds: float) -> bool:
         """Whether another process said in the last ``seconds`` that it waits."""
         if self.path is None:
             return False
@@ -225,7 +228,7 @@ class WaitingBoard:
                 continue
         return False
 
-    def leave(self):
+    def leave(self) -> None:
         if self.path is not None:
             self._mine.unlink(missing_ok=True)
 
@@ -239,17 +242,20 @@ class Heartbeat:
     speaks; its owner knows the rank, the heartbeat does not.
     """
 
-    def __init__(self, MPI, period, stall_timeout=0.0, board=None,
-                 who=lambda: f"process {os.getpid()}"):
+    def __init__(self, MPI: Any, period: float, stall_timeout: float | None = 0.0,
+                 board: str | None = None,
+                 who: Callable[[], str] = lambda: f"process {os.getpid()}") -> None:
         self._who = who
         self._stall_timeout = float(stall_timeout or 0.0)
         self._last_progress = time.monotonic()
         self._in_collective = 0
-        self._entered = None
+        # When the outermost collective started: set before _in_collective counts it,
+        # so that the watchdog, which reads both, never sees a count without its start.
+        self._entered = self._last_progress
         self._stop = threading.Event()
         interval = period / 10  # as Open MPI's own detector thread wakes up
         try:
-            self._progress = NativeProgress(interval)
+            self._progress: NativeProgress | _PythonProgress = NativeProgress(interval)
             self.native = True
             workarounds.used("native_progress")
         except (OSError, AttributeError) as exc:
@@ -267,25 +273,27 @@ class Heartbeat:
         atexit.register(self.stop)
 
     # -- what the main thread tells us --------------------------------------------
-    def enter(self):
+    def enter(self) -> None:
         """The main thread starts a collective (that is progress); the progress loop
         pauses until the outermost one ends (see module doc)."""
+        now = time.monotonic()
         if self._in_collective == 0:
+            self._entered = now
             self._progress.pause()
+        self._last_progress = now
         self._in_collective += 1
-        self._entered = self._last_progress = time.monotonic()
 
-    def leave(self):
+    def leave(self) -> None:
         self._in_collective -= 1
         self._last_progress = time.monotonic()
         if self._in_collective == 0:
             self._progress.resume()
 
-    def tick(self):
+    def tick(self) -> None:
         self._last_progress = time.monotonic()
 
     # -- the watchdog ---------------------------------------------------------------
-    def _watch(self):
+    def _watch(self) -> None:
         last_told, warned = 0.0, False
         poll = min(0.5, self._stall_timeout / 4)
         while not self._stop.wait(poll):
@@ -314,7 +322,7 @@ class Heartbeat:
                       "whole job is busy or stalled): not killing it",
                       file=sys.stderr, flush=True)
 
-    def stop(self):
+    def stop(self) -> None:
         """Stop the watchdog and the progress loop (before MPI is finalized)."""
         self._stop.set()
         if self._watchdog is not None and self._watchdog.is_alive() \

@@ -2,6 +2,11 @@
 
 import dataclasses
 import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+#: A listener: called with each event.
+_Callback = TypeVar("_Callback", bound=Callable[[Any], Any])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,26 +33,26 @@ class MembershipEvent:
     during: str = ""
     spawn_s: float = 0.0
 
-    def as_dict(self):
+    def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
 class Listeners:
     """Callbacks called with each MembershipEvent, in registration order."""
 
-    def __init__(self):
-        self._callbacks = []
+    def __init__(self) -> None:
+        self._callbacks: list[Callable[[Any], Any]] = []
 
-    def add(self, callback):
+    def add(self, callback: _Callback) -> _Callback:
         self._callbacks.append(callback)
         return callback
 
-    def __contains__(self, callback):
+    def __contains__(self, callback: object) -> bool:
         return callback in self._callbacks
 
-    def remove(self, callback):
+    def remove(self, callback: Callable[[Any], Any]) -> None:
         self._callbacks.remove(callback)
 
-    def notify(self, event):
+    def notify(self, event: Any) -> None:
         for callback in list(self._callbacks):
             callback(event)

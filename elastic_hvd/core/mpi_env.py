@@ -12,10 +12,12 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Callable
+from typing import Any
 
 from . import config, process, workarounds
 
-def mca_defaults(settings=None):
+def mca_defaults(settings: Any = None) -> dict[str, str]:
     """The MCA settings elastic_hvd wants, as ``{name: value}``, for ``settings``
     (a :class:`config.Config`; None: the loaded ones).
 
@@ -48,7 +50,7 @@ def mca_defaults(settings=None):
     }
 
 
-def _apply_env_defaults(settings):
+def _apply_env_defaults(settings: Any) -> None:
     for name, value in mca_defaults(settings).items():
         if "OMPI_MCA_" + name in os.environ:  # the user's wins
             continue
@@ -59,7 +61,7 @@ def _apply_env_defaults(settings):
             workarounds.used("async_finalize")
 
 
-def load_mpi(settings=None):
+def load_mpi(settings: Any = None) -> Any:
     """Import and initialise ``mpi4py.MPI`` (once), after setting our MCA defaults
     for ``settings`` (None: the loaded ones)."""
     import sys
@@ -71,7 +73,7 @@ def load_mpi(settings=None):
     return MPI
 
 
-def ft_enabled():
+def ft_enabled() -> bool:
     """True when the job was launched with fault tolerance (``--with-ft ulfm``).
 
     ``mpirun --with-ft ulfm`` exports ``OMPI_MCA_mpi_ft_enable=1`` to every rank; that
@@ -81,7 +83,7 @@ def ft_enabled():
     return value in ("1", "true", "yes", "on", "enabled")
 
 
-def ulfm_compiled(MPI):
+def ulfm_compiled(MPI: Any) -> bool:
     """True when the MPI library implements the ULFM calls (revoke/shrink/agree)."""
     if not hasattr(MPI.Comm, "Revoke"):
         return False
@@ -100,7 +102,7 @@ def ulfm_compiled(MPI):
     return True
 
 
-def end_as_crash(why):
+def end_as_crash(why: str) -> None:
     """End this process as a crash would: one line saying ``why``, then SIGKILL, which
     the other ranks detect within milliseconds and repair alike (an ordinary exit
     before ``MPI_Finalize`` would cost them the heartbeat timeout)."""
@@ -108,7 +110,7 @@ def end_as_crash(why):
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def retire(comm):
+def retire(comm: Any) -> None:
     """Be done with an mpi4py communicator but never ``MPI_Comm_free`` it.
 
     Open MPI 5.0.x's agreement (ERA) names an agreement by the communicator's
@@ -136,7 +138,7 @@ def retire(comm):
 CONNECTED_FINALIZE_DEADLINE = 3.0
 
 
-def finalize(limit, exit_now):
+def finalize(limit: float, exit_now: Callable[[], object]) -> None:
     """``MPI_Finalize``; if it has not returned within ``limit`` seconds, say so and
     call ``exit_now()``, which ends the process without it.
 
@@ -151,7 +153,7 @@ def finalize(limit, exit_now):
     """
     done = threading.Event()
 
-    def deadline():
+    def deadline() -> None:
         if not done.wait(limit):
             workarounds.used("finalize_deadline")
             print(f"elastic_hvd: MPI_Finalize did not return within {limit:.0f}s "
@@ -164,7 +166,7 @@ def finalize(limit, exit_now):
     done.set()
 
 
-def loaded_library(prefix):
+def loaded_library(prefix: str) -> str | None:
     """Path of an already loaded shared library whose file name starts with ``prefix``
     (found in this process's memory map), or None."""
     with open("/proc/self/maps") as maps:

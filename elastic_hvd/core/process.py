@@ -10,7 +10,8 @@ of the package, so that any module may import it.
 
 import collections
 import dataclasses
-from typing import Any, Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 
 @dataclasses.dataclass
@@ -36,11 +37,12 @@ class Runtime:
     invitation: Any = None
     #: What the layers do about a membership change, by topic, for rank 0's line
     #: (see ``announce.effect``).
-    effects: dict = dataclasses.field(default_factory=dict)
+    effects: dict[str, Callable[[Any], str | None]] = dataclasses.field(default_factory=dict)
     #: Uses of each Open MPI workaround (see :mod:`.workarounds`).
-    workarounds: dict = dataclasses.field(default_factory=lambda: collections.Counter())
+    workarounds: collections.Counter[str] = dataclasses.field(
+        default_factory=lambda: collections.Counter())
     #: Communicators done with but never freed (see ``mpi_env.retire``).
-    retired: list = dataclasses.field(default_factory=list)
+    retired: list[Any] = dataclasses.field(default_factory=list)
     #: The timeline being recorded (``hvd.start_timeline``), None when none is.
     timeline: Any = None
     #: Whether the collectives of TF1 graphs are chained in creation order (see
@@ -52,7 +54,7 @@ class Runtime:
     on_strict_abort: Callable[[int], None] | None = None
     say_when_raising: bool = True
     #: Set when the ranks leave together: hosts where no rank is left, and this rank then.
-    emptied_hosts: tuple = ()
+    emptied_hosts: Sequence[str] = ()
     rank_at_exit: int | None = None
 
 

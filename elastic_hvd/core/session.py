@@ -24,7 +24,13 @@ What it does not cover: collectives outside a step transaction (metric
 averaging, broadcasts) are each their own transaction, as before.
 """
 
-from .membership import Listeners
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from .membership import Listeners, MembershipEvent
+
+if TYPE_CHECKING:
+    from .comm import ResilientComm
 
 #: Orders in which handlers see an event: the data first (what the next step
 #: trains on), then the learning rate, then whoever reports or saves.
@@ -34,28 +40,30 @@ DATA, LEARNING_RATE, REPORT, CHECKPOINT = 10, 20, 30, 40
 class Session:
     """Per-process training bookkeeping above the resilient communicator."""
 
-    def __init__(self, comm):
+    def __init__(self, comm: "ResilientComm") -> None:
         self.comm = comm
         self.step = 0             # committed optimizer steps, alike on every rank
         self.lr_factor = 1.0      # product of the learning-rate rescalings so far
         self.commits = Listeners()  # called with the ids of each committed step
-        self._handlers = {}       # kind -> (order, handler)
-        self._applied = {}        # kind -> number of events that kind has applied
+        # kind -> (order, handler)
+        self._handlers: dict[str, tuple[int, Callable[[MembershipEvent], Any]]] = {}
+        self._applied: dict[str, int] = {}  # kind -> number of events that kind has applied
 
     # -- the step's commit point ---------------------------------------------------
-    def commit(self):
+    def commit(self) -> None:
         """The step transaction (``reducer.reduce_step``) completed: the step holds the
         gradients of exactly ``comm.ids``, alike on every survivor."""
         self.step += 1
         self.commits.notify(self.comm.ids)
 
     # -- membership handlers --------------------------------------------------------
-    def register(self, kind, order, handler):
+    def register(self, kind: str, order: int,
+                 handler: Callable[[MembershipEvent], Any]) -> None:
         """``handler(event)`` for every membership event (since ``init()``) that no
         handler of ``kind`` applied yet; replaces an earlier handler of that kind."""
         self._handlers[kind] = (order, handler)
 
-    def boundary(self):
+    def boundary(self) -> None:
         """Apply the events not yet applied, each to every handler in order.
 
         Called between steps (never inside one), on every rank alike."""
@@ -73,11 +81,11 @@ class Session:
                     handler(event)
 
     # -- state ------------------------------------------------------------------------
-    def state(self):
+    def state(self) -> dict[str, Any]:
         """Part of the training state (see ``elastic_hvd.tensorflow.training_state``)."""
         return {"step": self.step, "lr_factor": self.lr_factor, "applied": dict(self._applied)}
 
-    def load_state(self, state, membership=True):
+    def load_state(self, state: Mapping[str, Any], membership: bool = True) -> None:
         """The step always; which events were applied and the learning-rate factor
         they produced only from the same job (``membership``)."""
         self.step = state["step"]

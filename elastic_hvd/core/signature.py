@@ -11,29 +11,31 @@ from the prediction takes the slow path (an agreement plus an exchange of
 signatures); see ``ResilientComm.run``.
 """
 
+from typing import Any
+
 
 class SignaturePredictor:
     #: Forget everything past this many contexts (a program with ever-new signatures).
     MAX_CONTEXTS = 4096
 
-    def __init__(self):
-        self._context = (None, None)
-        self._next = {}
+    def __init__(self) -> None:
+        self._context: tuple[Any, ...] = (None, None)
+        self._next: dict[tuple[Any, ...], Any] = {}
 
-    def expects(self, signature):
+    def expects(self, signature: Any) -> bool:
         """True when ``signature`` is this rank's (and so every rank's) prediction."""
         return self._next.get(self._context) == signature
 
-    def record(self, signature):
+    def record(self, signature: Any) -> None:
         """Remember a call whose signature every rank verified."""
         if len(self._next) >= self.MAX_CONTEXTS:
             self._next.clear()
         self._next[self._context] = signature
         self._context = (self._context[1], signature)
 
-    def state(self):
+    def state(self) -> dict[str, Any]:
         """The history, for a process that joins the job later."""
         return {"context": self._context, "next": dict(self._next)}
 
-    def load_state(self, state):
+    def load_state(self, state: dict[str, Any]) -> None:
         self._context, self._next = tuple(state["context"]), dict(state["next"])

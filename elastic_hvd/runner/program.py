@@ -32,9 +32,15 @@ import runpy
 import socket
 import sys
 import traceback
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any
+
+#: What ``sys.excepthook`` is.
+_ExceptHook = Callable[[type[BaseException], BaseException, TracebackType | None], Any]
 
 
-def run(argv):
+def run(argv: list[str]) -> None:
     """Run ``script.py [args]`` or ``-m module [args]`` as ``python`` would."""
     if argv[:2] == ["-m", "elastic_hvd.runner.program"]:
         sys.argv = argv[1:]  # a joiner re-runs a rank's command line, which starts with us:
@@ -48,14 +54,15 @@ def run(argv):
         runpy.run_path(argv[0], run_name="__main__")
 
 
-def exit_code(code):
+def exit_code(code: str | int | None) -> int:
     """The process exit status ``SystemExit(code)`` gives (None: 0, text: 1)."""
     if code is None:
         return 0
     return code & 0xFF if isinstance(code, int) else 1
 
 
-def _record(path, code, left=False, aborted=False, **raised):
+def _record(path: str, code: int | None, left: bool = False, aborted: bool = False,
+            **raised: Any) -> None:
     runtime = sys.modules.get("elastic_hvd.core.runtime")  # imported if the program used it
     comm = runtime.current() if runtime and runtime.is_initialized() else None
     try:
@@ -79,15 +86,16 @@ JOIN = "elastic_hvd.runner.join"
 WRAPPERS = (__file__, os.path.join(os.path.dirname(__file__), "join.py"), runpy.__file__)
 
 
-def _ours(filename):
+def _ours(filename: str) -> bool:
     """Whether a frame is a wrapper's or runpy's (the program runs inside them)."""
     return filename in WRAPPERS or filename.startswith("<frozen runpy")
 
 
-def _recording(path, show):
+def _recording(path: str, show: _ExceptHook) -> _ExceptHook:
     """An excepthook that records the uncaught exception for the launcher, which
     prints it; ``show`` (the hook it replaces) if it cannot be recorded."""
-    def hook(kind, value, tb):
+    def hook(kind: type[BaseException], value: BaseException,
+             tb: TracebackType | None) -> None:
         while tb is not None and _ours(tb.tb_frame.f_code.co_filename):
             tb = tb.tb_next  # the traceback starts in the program, as under plain python
         try:
@@ -99,7 +107,7 @@ def _recording(path, show):
     return hook
 
 
-def _ended(path, code):
+def _ended(path: str, code: int) -> None:
     """Record that the program ended with ``code``, and have the runtime record it
     again, as left early, if this rank then leaves while the others train on."""
     _record(path, code)
@@ -108,7 +116,7 @@ def _ended(path, code):
         runtime.when_leaving_early(lambda: _record(path, code, left=True))
 
 
-def main():
+def main() -> None:
     if len(sys.argv) < 2:
         raise SystemExit("usage: python -m elastic_hvd.runner.program script.py|-m module [args]")
     from elastic_hvd.core import config  # imports the core, without MPI (init() starts it)
@@ -129,7 +137,7 @@ def main():
         growth = sys.modules.get("elastic_hvd.core.growth")
         if path and not (growth and isinstance(exc, growth.JoinAbandoned)):
             _ended(path, exit_code(exc.code))
-        runtime = sys.modules.get("elastic_hvd.core.runtime")
+        runtime = sys.modules.get("elastic_hvd.core.runtime")  # type: ignore[assignment]
         if runtime is not None:  # it may have to end the process itself (see _at_exit)
             runtime.set_exit_status(exit_code(exc.code))
         raise

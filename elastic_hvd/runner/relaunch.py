@@ -8,6 +8,7 @@ script resumes from the newest state (:mod:`elastic_hvd.state_replica`, or its
 checkpoint).
 """
 
+import argparse
 import copy
 import re
 import subprocess
@@ -21,14 +22,14 @@ _TEARDOWN = re.compile(rb"PRTE has lost communication with a remote daemon\..*?"
                        rb"Remote daemon: *\[[^\]]*\] on node (\S+)", re.S)
 
 
-def lost_daemon_host(output):
+def lost_daemon_host(output: bytes) -> str | None:
     """The host whose daemon the runtime lost, if ``output`` (mpirun's) says it
     ended the job for that; else None."""
     found = _TEARDOWN.search(output)
     return found.group(1).decode(errors="replace") if found else None
 
 
-def hosts_of(args):
+def hosts_of(args: argparse.Namespace) -> dict[str, int]:
     """``{host: slots}`` to relaunch on: what the host discovery offers now, if the
     launch has one (it knows which hosts went bad: a relaunch must not return to
     them), else what the launch named (``-H`` or ``--hostfile``); {} if nothing."""
@@ -44,7 +45,8 @@ def hosts_of(args):
     return {}
 
 
-def without_host(args, lost):
+def without_host(args: argparse.Namespace,
+                 lost: str) -> tuple[argparse.Namespace, None] | tuple[None, str]:
     """The launch arguments for a relaunch without host ``lost`` and the reason
     there is none (``(args, None)`` or ``(None, why)``)."""
     hosts = hosts_of(args)

@@ -10,14 +10,17 @@ line, and the job's summary counts raised, crashed and killed processes.
 """
 
 import sys
+import os
 import threading
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import Any, TextIO
 
 from .program import WRAPPERS
 
 
 
-def who(outcome):
+def who(outcome: Mapping[str, Any]) -> str:
     """``rank 2``, ``rank 2 (original id 3)`` once ranks were renumbered, or the process
     of a spawned one not yet adopted."""
     if outcome.get("id") is None:
@@ -29,16 +32,16 @@ def who(outcome):
     return f"rank {outcome['rank']} (original id {outcome['id']})"
 
 
-def how_lost(outcome):
+def how_lost(outcome: Mapping[str, Any]) -> str:
     """``"raised"``, ``"crashed"`` or ``"killed"``, for a process that did not finish."""
     return "raised" if outcome.get("raised") else "crashed" if outcome.get("crashed") else "killed"
 
 
-def lost_words(outcomes):
+def lost_words(outcomes: Sequence[Mapping[str, Any]]) -> str:
     """How processes that did not finish ended: ``"4 ranks raised an uncaught
     exception"``, or by kind: ``"4 ranks were lost: 3 raised an uncaught exception,
     1 was killed (...)"``."""
-    counts = {}
+    counts: dict[str, int] = {}
     for outcome in outcomes:
         counts[how_lost(outcome)] = counts.get(how_lost(outcome), 0) + 1
     signals = sorted({o["crashed"] for o in outcomes if how_lost(o) == "crashed"})
@@ -53,7 +56,7 @@ def lost_words(outcomes):
         f"{n} {words[kind].format(were='was' if n == 1 else 'were')}" for kind, n in counts.items())
 
 
-def read_fault(status_path):
+def read_fault(status_path: str | os.PathLike[str]) -> tuple[str | None, str]:
     """The fatal signal ``faulthandler`` reported for a process (e.g. ``Segmentation
     fault``) and the stack of its thread that met it; ``(None, "")`` without one."""
     try:
@@ -73,31 +76,32 @@ def read_fault(status_path):
 class Reporter:
     """Prints each failure once, while the job runs (see the module doc)."""
 
-    def __init__(self, out=None):
+    def __init__(self, out: TextIO | None = None) -> None:
         self.out = out if out is not None else sys.stderr
         self.lock = threading.Lock()  # the launcher's stderr relay writes too
-        self._told = set()
+        self._told: set[str] = set()
+        self._places: dict[tuple[Any, ...], tuple[str, str]]
         self._places = {}  # (kind, where) -> who reported it in full
 
-    def write(self, text):
+    def write(self, text: str) -> None:
         with self.lock:
             self.out.write(text)
             self.out.flush()
 
-    def news(self, outcomes):
+    def news(self, outcomes: Iterable[Mapping[str, Any]]) -> None:
         """Report what the ``outcomes`` (see ``launch.read_outcomes``) show that was not
         reported yet: a process that raised or crashed, lowest original id (or world
         rank) first.  Across calls the order is the order the records arrived in."""
         fresh = [o for o in outcomes if o.get("code") is None and how_lost(o) != "killed"
                  and o["process"] not in self._told]
-        def order(o):
+        def order(o: Mapping[str, Any]) -> tuple[bool, Any]:
             known = o.get("id") is not None
             return (not known, o["id"] if known else o.get("world") or 0)
         for outcome in sorted(fresh, key=order):
             self._told.add(outcome["process"])
             self.write(self._report(outcome))
 
-    def _report(self, outcome):
+    def _report(self, outcome: Mapping[str, Any]) -> str:
         if how_lost(outcome) == "raised":
             text = outcome["raised"]
             place = ("raised", text.split(":")[0], tuple(outcome.get("stack", ())))

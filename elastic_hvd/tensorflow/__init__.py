@@ -3,6 +3,8 @@
     import elastic_hvd.tensorflow as hvd     # instead of: import horovod.tensorflow as hvd
 """
 
+from typing import NoReturn
+
 from ..basics import (ccl_built, cross_rank, cross_size, cuda_built, ddl_built,  # noqa: F401
                       elastic_enabled, gloo_built, gloo_enabled, init, is_homogeneous,
                       is_initialized, local_rank, local_size, mpi_built, mpi_enabled,
@@ -38,7 +40,7 @@ _HOROVOD_INTERNAL_MODULES = ("mpi_ops", "functions", "gradient_aggregation",
                              "gradient_aggregation_eager")
 
 
-def __getattr__(name):
+def __getattr__(name: str) -> NoReturn:
     if name in _HOROVOD_INTERNAL_MODULES:  # an error naming them, as for other internals
         not_provided("horovod.tensorflow")(name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

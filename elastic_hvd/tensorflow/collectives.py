@@ -4,30 +4,37 @@ checks and Horovod's conventions here, the op and its gradient there.
 """
 
 import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import tensorflow as tf
 
 from ..core import runtime
 from ..core.errors import RanksBelowMinimumError
-from ..core.ops import Average, Sum
+from ..core.ops import Average, ReduceOp, Sum
 from . import ops as _ops
-from .compression import Compression
-from .ops import global_process_set
+from .compression import Compression, Compressor
+from .ops import ProcessSet, global_process_set
+
+if TYPE_CHECKING:
+    from ..core.comm import ResilientComm
 
 #: Raised by Horovod when a collective fails; here failures are survived, and the
 #: one that ends training (too few ranks left) is raised on every rank.
 HorovodInternalError = RanksBelowMinimumError
 
 
-def _tensor(value):
+def _tensor(value: Any) -> Any:
     return value if isinstance(value, (tf.Tensor, tf.Variable, tf.IndexedSlices)) \
         else tf.convert_to_tensor(value)
 
 
-def allreduce(tensor, average=None, device_dense="", device_sparse="",
-              compression=Compression.none, op=None, prescale_factor=1.0, postscale_factor=1.0,
-              name=None, process_set=global_process_set, ignore_name_scope=False):
+def allreduce(tensor: Any, average: bool | None = None, device_dense: str = "",
+              device_sparse: str = "", compression: type[Compressor] = Compression.none,
+              op: int | None = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+              name: str | None = None, process_set: ProcessSet = global_process_set,
+              ignore_name_scope: bool = False) -> Any:
     """Reduce ``tensor`` over all live ranks (default op: Average over the live size)."""
     _ops.check_process_set(process_set)
     op = _ops.resolve_op(op, average)
@@ -41,16 +48,18 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="",
     return compression.decompress(reduced, ctx)
 
 
-def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="",
-                      compression=Compression.none, op=None, prescale_factor=1.0,
-                      postscale_factor=1.0, process_set=global_process_set,
-                      ignore_name_scope=False, name=None):
+def grouped_allreduce(tensors: Iterable[Any], average: bool | None = None,
+                      device_dense: str = "", device_sparse: str = "",
+                      compression: type[Compressor] = Compression.none, op: int | None = None,
+                      prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                      process_set: ProcessSet = global_process_set,
+                      ignore_name_scope: bool = False, name: str | None = None) -> list[Any]:
     """Allreduce a list of tensors in as few fused collectives as possible
     (``IndexedSlices`` among them gathered, as :func:`allreduce` does)."""
     _ops.check_process_set(process_set)
     op = _ops.resolve_op(op, average)
     tensors = [_tensor(t) for t in tensors]
-    results = [None] * len(tensors)
+    results: list[Any] = [None] * len(tensors)
     sparse = [i for i, t in enumerate(tensors) if isinstance(t, tf.IndexedSlices)]
     if sparse:
         reduced = _allreduce_slices([tensors[i] for i in sparse], op, prescale_factor,
@@ -66,7 +75,8 @@ def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="",
     return results
 
 
-def _allreduce_slices(slices, op, prescale_factor, postscale_factor):
+def _allreduce_slices(slices: Sequence[Any], op: ReduceOp, prescale_factor: float,
+                      postscale_factor: float) -> list[Any]:
     """``IndexedSlices`` reduced as Horovod reduces them: every rank's values and
     indices gathered, in one op (Average divides the values by the live size);
     ``dense_shape`` kept as it is, even None.  Like Horovod, only Average and Sum,
@@ -81,26 +91,30 @@ def _allreduce_slices(slices, op, prescale_factor, postscale_factor):
             for (values, indices), s in zip(gathered, slices)]
 
 
-def allgather(tensor, name=None, ignore_name_scope=False, process_set=global_process_set):
+def allgather(tensor: Any, name: str | None = None, ignore_name_scope: bool = False,
+              process_set: ProcessSet = global_process_set) -> Any:
     """Concatenate every rank's tensor along the first axis (sizes may differ)."""
     _ops.check_process_set(process_set)
     return _ops.allgather_tensor(tf.convert_to_tensor(tensor), name)
 
 
-def grouped_allgather(tensors, name=None, ignore_name_scope=False,
-                      process_set=global_process_set):
+def grouped_allgather(tensors: Iterable[Any], name: str | None = None,
+                      ignore_name_scope: bool = False,
+                      process_set: ProcessSet = global_process_set) -> list[Any]:
     """:func:`allgather` of each tensor (one collective each, not fused)."""
     return [allgather(t, name=name, process_set=process_set) for t in tensors]
 
 
-def broadcast(tensor, root_rank, name=None, ignore_name_scope=False,
-              process_set=global_process_set):
+def broadcast(tensor: Any, root_rank: int, name: str | None = None,
+              ignore_name_scope: bool = False,
+              process_set: ProcessSet = global_process_set) -> Any:
     """``tensor`` of ``root_rank`` on every rank (lowest survivor if the root died)."""
     _ops.check_process_set(process_set)
     return _ops.broadcast_tensor(tf.convert_to_tensor(tensor), root_rank, name)
 
 
-def broadcast_(variables, root_rank, name=None, process_set=global_process_set):
+def broadcast_(variables: Iterable[Any], root_rank: int, name: str | None = None,
+               process_set: ProcessSet = global_process_set) -> list[Any]:
     """Broadcast in place: assign ``root_rank``'s values to ``variables``; returns their
     values read after the assignment, as Horovod does (returning the variables
     themselves would leave a graph nothing to fetch that runs the broadcast)."""
@@ -110,16 +124,18 @@ def broadcast_(variables, root_rank, name=None, process_set=global_process_set):
         return [v.read_value() for v in variables]
 
 
-def broadcast_variables(variables, root_rank, process_set=global_process_set, inplace=False):
+def broadcast_variables(variables: Iterable[Any], root_rank: int,
+                        process_set: ProcessSet = global_process_set,
+                        inplace: bool = False) -> Any:
     """Assign ``root_rank``'s values to every variable, in one fused broadcast per dtype."""
     _ops.check_process_set(process_set)
     variables = list(variables)
     if not variables:
         return tf.group()
 
-    def fn(comm, *arrays):
-        out = [None] * len(arrays)
-        by_dtype = {}
+    def fn(comm: "ResilientComm", *arrays: np.ndarray) -> list[Any]:
+        out: list[Any] = [None] * len(arrays)
+        by_dtype: dict[np.dtype, list[int]] = {}
         for i, a in enumerate(arrays):
             by_dtype.setdefault(a.dtype, []).append(i)
         for idx in by_dtype.values():
@@ -137,7 +153,7 @@ def broadcast_variables(variables, root_rank, process_set=global_process_set, in
     return tf.group(*[v.assign(tf.reshape(x, v.shape)) for v, x in zip(variables, values)])
 
 
-def broadcast_global_variables(root_rank):
+def broadcast_global_variables(root_rank: int) -> Any:
     """TF1 graphs only (as in Horovod): eager code uses broadcast_variables."""
     if tf.executing_eagerly():
         raise RuntimeError("hvd.broadcast_global_variables() does not support eager execution; "
@@ -145,7 +161,8 @@ def broadcast_global_variables(root_rank):
     return broadcast_variables(tf.compat.v1.global_variables(), root_rank)
 
 
-def broadcast_object(obj, root_rank=0, session=None, name=None, process_set=global_process_set):
+def broadcast_object(obj: Any, root_rank: int = 0, session: Any = None, name: str | None = None,
+                     process_set: ProcessSet = global_process_set) -> Any:
     """Any picklable ``obj`` of ``root_rank`` on every rank (lowest survivor's if the
     root died); ``session`` and ``name`` are ignored."""
     _ops.check_process_set(process_set)
@@ -153,19 +170,21 @@ def broadcast_object(obj, root_rank=0, session=None, name=None, process_set=glob
                                      root_rank)
 
 
-def broadcast_object_fn(root_rank=0, session=None, name=None, process_set=global_process_set):
+def broadcast_object_fn(root_rank: int = 0, session: Any = None, name: str | None = None,
+                        process_set: ProcessSet = global_process_set) -> Callable[[Any], Any]:
     """A function ``obj -> broadcast_object(obj, root_rank)``."""
     return lambda obj: broadcast_object(obj, root_rank, process_set=process_set)
 
 
-def allgather_object(obj, session=None, name=None, process_set=global_process_set):
+def allgather_object(obj: Any, session: Any = None, name: str | None = None,
+                     process_set: ProcessSet = global_process_set) -> list[Any]:
     """List of every live rank's picklable ``obj``, in rank order."""
     _ops.check_process_set(process_set)
     return _ops.raised_as_tensorflow(runtime.current("allgather_object").allgather_object, obj)
 
 
-def alltoall(tensor, splits=None, name=None, ignore_name_scope=False,
-             process_set=global_process_set):
+def alltoall(tensor: Any, splits: Any = None, name: str | None = None,
+             ignore_name_scope: bool = False, process_set: ProcessSet = global_process_set) -> Any:
     """``received``, and ``(received, received_splits)`` when ``splits`` is given (as
     Horovod returns); rows for ranks that die are dropped."""
     _ops.check_process_set(process_set)
@@ -173,10 +192,10 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False,
     name = name or "HorovodAlltoall"
 
     @tf.custom_gradient
-    def exchange(x):
+    def exchange(x: Any) -> tuple[tuple[Any, Any], Callable[..., Any]]:
         received, rsplits = _ops.alltoall_raw(x, splits, name)
 
-        def grad(dy, _dsplits=None):
+        def grad(dy: Any, _dsplits: Any = None) -> Any:
             back, _ = _ops.alltoall_raw(dy, rsplits, name + "_grad")
             return back
         return (received, rsplits), grad
@@ -185,18 +204,22 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False,
     return received if splits is None else (received, rsplits)
 
 
-def reducescatter(tensor, device_dense="", compression=Compression.none, op=Average, name=None,
-                  process_set=global_process_set, ignore_name_scope=False, prescale_factor=1.0,
-                  postscale_factor=1.0):
+def reducescatter(tensor: Any, device_dense: str = "",
+                  compression: type[Compressor] = Compression.none, op: int = Average,
+                  name: str | None = None, process_set: ProcessSet = global_process_set,
+                  ignore_name_scope: bool = False, prescale_factor: float = 1.0,
+                  postscale_factor: float = 1.0) -> Any:
     """:func:`grouped_reducescatter` of one tensor."""
     [out] = grouped_reducescatter([tensor], device_dense, compression, op, process_set,
                                   prescale_factor, postscale_factor, name=name)
     return out
 
 
-def grouped_reducescatter(tensors, device_dense="", compression=Compression.none, op=Average,
-                          process_set=global_process_set, prescale_factor=1.0,
-                          postscale_factor=1.0, name=None):
+def grouped_reducescatter(tensors: Sequence[Any], device_dense: str = "",
+                          compression: type[Compressor] = Compression.none, op: int = Average,
+                          process_set: ProcessSet = global_process_set,
+                          prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                          name: str | None = None) -> list[Any]:
     """Reduce, then give rank i the i-th block of the first axis (lower ranks get extra rows)."""
     _ops.check_process_set(process_set)
     op = _ops.resolve_op(op, None)
@@ -210,13 +233,13 @@ def grouped_reducescatter(tensors, device_dense="", compression=Compression.none
     return [compression.decompress(o, p[1]) for o, p in zip(outs, pairs)]
 
 
-def barrier(process_set=global_process_set):
+def barrier(process_set: ProcessSet = global_process_set) -> None:
     """Wait until every live rank reaches it (a rank lost meanwhile is not waited for)."""
     _ops.check_process_set(process_set)
     _ops.raised_as_tensorflow(runtime.current("barrier").barrier)
 
 
-def join(device=""):
+def join(device: str = "") -> Any:
     """Every rank calls join() when it is done; returns the rank that joined last.
 
     Unlike Horovod, ranks that have not joined cannot keep running collectives
@@ -230,14 +253,14 @@ def join(device=""):
 class BroadcastGlobalVariablesHook(tf.compat.v1.train.SessionRunHook):
     """TF1 ``MonitoredTrainingSession`` hook: broadcast global variables once the session exists."""
 
-    def __init__(self, root_rank, device=""):
+    def __init__(self, root_rank: int, device: str = "") -> None:
         super().__init__()
         self.root_rank = root_rank
-        self.bcast_op = None
+        self.bcast_op: Any = None
 
-    def begin(self):
+    def begin(self) -> None:
         if self.bcast_op is None or self.bcast_op.graph != tf.compat.v1.get_default_graph():
             self.bcast_op = broadcast_global_variables(self.root_rank)
 
-    def after_create_session(self, session, coord):
+    def after_create_session(self, session: Any, coord: Any) -> None:
         session.run(self.bcast_op)

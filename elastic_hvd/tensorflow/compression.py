@@ -1,26 +1,28 @@
 """Gradient compression, as Horovod's ``hvd.Compression`` (none, fp16)."""
 
+from typing import Any
+
 import tensorflow as tf
 
 
 class Compressor:
     @staticmethod
-    def compress(tensor):
+    def compress(tensor: Any) -> tuple[Any, Any]:
         """Returns (compressed tensor, context for decompress)."""
         raise NotImplementedError
 
     @staticmethod
-    def decompress(tensor, ctx):
+    def decompress(tensor: Any, ctx: Any) -> Any:
         raise NotImplementedError
 
 
 class NoneCompressor(Compressor):
     @staticmethod
-    def compress(tensor):
+    def compress(tensor: Any) -> tuple[Any, Any]:
         return tensor, None
 
     @staticmethod
-    def decompress(tensor, ctx):
+    def decompress(tensor: Any, ctx: Any) -> Any:
         return tensor
 
 
@@ -28,13 +30,13 @@ class FP16Compressor(Compressor):
     """Floating-point tensors travel as float16 and come back in their own dtype."""
 
     @staticmethod
-    def compress(tensor):
+    def compress(tensor: Any) -> tuple[Any, Any]:
         if tensor.dtype.is_floating and tensor.dtype != tf.float16:
             return tf.cast(tensor, tf.float16), tensor.dtype
         return tensor, None
 
     @staticmethod
-    def decompress(tensor, ctx):
+    def decompress(tensor: Any, ctx: Any) -> Any:
         return tensor if ctx is None else tf.cast(tensor, ctx)
 
 

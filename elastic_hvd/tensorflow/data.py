@@ -8,6 +8,8 @@ file list and a loading function, a finite ``tf.data.Dataset``).
 """
 
 import inspect
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Self
 
 import numpy as np
 import tensorflow as tf
@@ -16,13 +18,14 @@ from ..core import runtime
 from ..sharding import ElasticSampler
 
 
-def elastic_dataset(sampler, load, output_signature):
+def elastic_dataset(sampler: ElasticSampler, load: Callable[..., Any],
+                    output_signature: Any) -> Any:
     """A dataset of one epoch per iteration: ``load(ids, weights)`` makes each batch.
 
     ``load`` returns what Keras expects, e.g. ``(x, y, weights)``; ``weights`` are 0
     for the padding sample a rank gets when an epoch ends with fewer samples than ranks.
     """
-    def generate():
+    def generate() -> Iterator[Any]:
         sampler.start_epoch()
         while True:
             batch = sampler.next_batch()
@@ -37,7 +40,7 @@ def elastic_dataset(sampler, load, output_signature):
     return dataset.with_options(options)
 
 
-def _spec(array):
+def _spec(array: Any) -> Any:
     array = np.asarray(array)
     dtype = tf.string if array.dtype.kind in "US" else tf.as_dtype(array.dtype)
     return tf.TensorSpec([None, *array.shape[1:]], dtype)
@@ -57,7 +60,8 @@ class ElasticData:
     ``.sampler`` is the :class:`~elastic_hvd.sharding.ElasticSampler`.
     """
 
-    def __init__(self, samples, batch_size, load=None, seed=0, shuffle=True):
+    def __init__(self, samples: Any, batch_size: int, load: Callable[..., Any] | None = None,
+                 seed: int = 0, shuffle: bool = True) -> None:
         self.arrays = tuple(np.asarray(a) for a in (
             samples if isinstance(samples, tuple) else (samples,)))
         sizes = {len(a) for a in self.arrays}
@@ -72,7 +76,7 @@ class ElasticData:
                                        tuple(_spec(part) for part in first))
 
     @classmethod
-    def from_dataset(cls, dataset, batch_size, **kwargs):
+    def from_dataset(cls, dataset: Any, batch_size: int, **kwargs: Any) -> Self:
         """From a finite ``tf.data.Dataset`` of single samples (e.g. ``(x, y)`` tuples),
         read into memory once."""
         rows = list(dataset.as_numpy_iterator())
@@ -82,7 +86,7 @@ class ElasticData:
             return cls(tuple(np.stack(part) for part in zip(*rows)), batch_size, **kwargs)
         return cls(np.stack(rows), batch_size, **kwargs)
 
-    def _batch(self, ids, weights):
+    def _batch(self, ids: np.ndarray, weights: np.ndarray) -> tuple[Any, ...]:
         parts = tuple(a[ids] for a in self.arrays)
         if self.load is not None:
             epoch = {"epoch": max(self.sampler.epoch, 0)} if self._with_epoch else {}
@@ -90,18 +94,18 @@ class ElasticData:
             parts = parts if isinstance(parts, tuple) else (parts,)
         return (*parts, weights)
 
-    def __len__(self):
+    def __len__(self) -> int:
         return self.sampler.num_samples
 
 
-def validation_shard(validation_data, batch_size):
+def validation_shard(validation_data: Sequence[Any], batch_size: int) -> Any:
     """``validation_data`` (a tuple of arrays) as a dataset of this rank's share:
     rows ``rank::size`` of the membership at the moment Keras evaluates, so the
     live ranks split the work and ``MetricAverageCallback`` averages their results."""
     arrays = tuple(np.asarray(a) for a in validation_data)
     comm = runtime.current("validation_shard")
 
-    def generate():
+    def generate() -> Iterator[tuple[Any, ...]]:
         mine = np.arange(comm.rank, len(arrays[0]), comm.size)
         for start in range(0, len(mine), batch_size):
             yield tuple(a[mine[start:start + batch_size]] for a in arrays)

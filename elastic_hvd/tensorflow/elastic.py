@@ -17,6 +17,8 @@ top and, in ``run``, joins and receives the state before training.
 """
 
 import functools
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..core import process, runtime
 from ..growth_policy import GrowthPolicy
@@ -25,7 +27,13 @@ from .collectives import (HorovodInternalError, broadcast_object,  # noqa: F401
                           broadcast_object_fn, broadcast_variables)
 from .training_state import TrainingState
 
-def growth_policy():
+if TYPE_CHECKING:
+    from ..core.comm import ResilientComm
+
+_R = TypeVar("_R")
+
+
+def growth_policy() -> GrowthPolicy:
     """This process's growth policy (from elastic-hvd-run's flags)."""
     rt = process.runtime()
     if rt.policy is None:
@@ -37,22 +45,22 @@ class HostsUpdatedInterrupt(Exception):
     """Raised by ``State.commit()`` when new processes joined: ``run`` restarts training."""
 
 
-def run(func):
+def run(func: Callable[..., _R]) -> Callable[..., _R]:
     """Decorator for the training function ``func(state, ...)``: syncs the state and
     calls it; again after processes joined (see the module doc)."""
     return run_fn(func, _no_reset)
 
 
-def _no_reset():
+def _no_reset() -> None:
     """Horovod re-initializes itself here; elastic_hvd's communicator already
     includes the processes that joined."""
 
 
-def run_fn(func, reset):
+def run_fn(func: Callable[..., _R], reset: Callable[[], Any]) -> Callable[..., _R]:
     """``run`` with the step taken when processes joined: ``reset()``, then the
     state's reset callbacks, before syncing and calling ``func`` again."""
     @functools.wraps(func)
-    def wrapper(state, *args, **kwargs):
+    def wrapper(state: "State", *args: Any, **kwargs: Any) -> _R:
         comm = runtime.current("hvd.elastic.run")
         process.runtime().growth_point = True  # state.commit() grows
         if comm.joining:
@@ -67,7 +75,7 @@ def run_fn(func, reset):
     return wrapper
 
 
-def _sync(state, comm):
+def _sync(state: "State", comm: "ResilientComm") -> None:
     state.sync()
     policy = growth_policy()
     policy.load_state(comm.broadcast_object(policy.state()))
@@ -83,39 +91,39 @@ class State:
     memory and its broadcasts, and are never written to a file or to the launcher.
     """
 
-    def __init__(self, **kwargs):
+    def __init__(self, **kwargs: Any) -> None:
         self._values = dict(kwargs)
-        self._reset_callbacks = []
+        self._reset_callbacks: list[Callable[[], Any]] = []
         self.save()  # restore() before any commit goes back to the start
 
-    def _training_state(self):
+    def _training_state(self) -> TrainingState:
         return TrainingState(values=self._values)
 
-    def __getattr__(self, name):
+    def __getattr__(self, name: str) -> Any:
         values = self.__dict__.get("_values", {})
         if name in values:
             return values[name]
         raise AttributeError(name)
 
-    def __setattr__(self, name, value):
+    def __setattr__(self, name: str, value: Any) -> None:
         if name.startswith("_"):
             super().__setattr__(name, value)
         else:
             self._values[name] = value
 
-    def register_reset_callbacks(self, callbacks):
+    def register_reset_callbacks(self, callbacks: Iterable[Callable[[], Any]]) -> None:
         self._reset_callbacks.extend(callbacks)
 
-    def on_reset(self):
+    def on_reset(self) -> None:
         self.reset()
         for callback in self._reset_callbacks:
             callback()
 
-    def reset(self):
+    def reset(self) -> None:
         """Horovod's hook for subclasses: called by :meth:`on_reset` before the reset
         callbacks (here: after the job grew).  Nothing to do by default."""
 
-    def on_hosts_updated(self, timestamp, update_res):
+    def on_hosts_updated(self, timestamp: float, update_res: Any) -> None:
         """Not provided: Horovod's driver calls it to announce host changes; here ranks
         join through the growth policy checked by :meth:`check_host_updates`."""
         raise NotImplementedError(
@@ -123,11 +131,11 @@ class State:
             "elastic_hvd has no such driver: joining ranks are found by commit() "
             "(check_host_updates) through the growth policy")
 
-    def commit(self):
+    def commit(self) -> None:
         self.save()
         self.check_host_updates()
 
-    def check_host_updates(self):
+    def check_host_updates(self) -> None:
         """Failures need nothing here (they are handled inside the collectives); this
         is where the job grows: see the module doc."""
         policy = growth_policy()
@@ -136,13 +144,13 @@ class State:
             if event is not None and event.gained:
                 raise HostsUpdatedInterrupt(f"rank(s) {list(event.gained)} joined")
 
-    def save(self):
+    def save(self) -> None:
         self._saved = self._training_state().state()
 
-    def restore(self):
+    def restore(self) -> None:
         self._training_state().load_state(self._saved, membership=False)
 
-    def sync(self):
+    def sync(self) -> None:
         comm = runtime.current("state.sync()")
         state = self._training_state()
         state.load_state(comm.broadcast_object(state.state() if comm.rank == 0 else None, 0))
@@ -154,35 +162,37 @@ class ObjectState(State):
     accepted and ignored: elastic_hvd syncs through its own broadcast, which survives
     a rank lost during the sync, from rank 0 of the live communicator."""
 
-    def __init__(self, bcast_object=None, get_rank=None, **kwargs):
+    def __init__(self, bcast_object: Any = None, get_rank: Any = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
 
 
 class TensorFlowState(ObjectState):
     """State holding TF variables besides the named values."""
 
-    def __init__(self, variables=None, session=None, **kwargs):
+    def __init__(self, variables: Iterable[Any] | None = None, session: Any = None,
+                 **kwargs: Any) -> None:
         if session is not None:
             raise NotImplementedError(
                 "TF1 sessions are not supported by elastic_hvd's elastic state")
         self._variables = list(variables or [])
         super().__init__(**kwargs)
 
-    def _training_state(self):
+    def _training_state(self) -> TrainingState:
         return TrainingState(variables=self._variables, values=self._values)
 
 
 class TensorFlowKerasState(ObjectState):
     """State of a Keras model and its optimizer, besides the named values."""
 
-    def __init__(self, model, optimizer=None, backend=None, **kwargs):
+    def __init__(self, model: Any, optimizer: Any = None, backend: Any = None,
+                 **kwargs: Any) -> None:
         self._model = model
         self._optimizer = optimizer or getattr(model, "optimizer", None)
         super().__init__(**kwargs)
 
     @property
-    def model(self):
+    def model(self) -> Any:
         return self._model
 
-    def _training_state(self):
+    def _training_state(self) -> TrainingState:
         return TrainingState(self._model, self._optimizer, values=self._values)

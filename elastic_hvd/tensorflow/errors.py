@@ -22,12 +22,15 @@ bad arguments are), Unknown otherwise -- never FailedPrecondition, which
 :mod:`.ops` therefore raises by other means (see ``ops._fail_precondition``).
 """
 
+from collections.abc import Collection, Sequence
+from typing import Any
+
 import tensorflow as tf
 
 from ..core import errors
 
 
-def _init_tensorflow_side(exc, tf_class):
+def _init_tensorflow_side(exc: Exception, tf_class: Any) -> None:
     """Give ``exc`` (initialized as ours) what ``tf_class`` reads: message and code.
     OpError's ``__init__`` resets the Python ``args``, so they are put back."""
     args = exc.args
@@ -39,7 +42,7 @@ class MismatchError(errors.MismatchError, tf.errors.FailedPreconditionError):
     """Ranks called a collective with different shapes, dtypes, ops or roots
     (Horovod raises ``tf.errors.FailedPreconditionError``)."""
 
-    def __init__(self, signatures, names=None):
+    def __init__(self, signatures: Sequence[Any], names: Sequence[str] | None = None) -> None:
         errors.MismatchError.__init__(self, signatures, names)
         _init_tensorflow_side(self, tf.errors.FailedPreconditionError)
 
@@ -48,7 +51,7 @@ class InvalidArgumentError(ValueError, tf.errors.InvalidArgumentError):
     """A collective's arguments failed its checks on this rank: the ValueError the
     core raised, as Horovod's ``tf.errors.InvalidArgumentError``."""
 
-    def __init__(self, message):
+    def __init__(self, message: str) -> None:
         ValueError.__init__(self, message)
         _init_tensorflow_side(self, tf.errors.InvalidArgumentError)
 
@@ -58,17 +61,17 @@ class RemoteInvalidArgumentError(errors.RemoteCollectiveError, InvalidArgumentEr
     ranks whose own arguments were fine, so that every rank raises Horovod's
     ``tf.errors.InvalidArgumentError``."""
 
-    def __init__(self, message, error_types=()):
+    def __init__(self, message: str, error_types: Collection[str] = ()) -> None:
         errors.RemoteCollectiveError.__init__(self, message, error_types)
         _init_tensorflow_side(self, tf.errors.InvalidArgumentError)
 
 
-def _bad_argument(class_names):
+def _bad_argument(class_names: Collection[str]) -> bool:
     """A ValueError other than elastic_hvd's own: what the collectives' checks raise."""
     return "ValueError" in class_names and "ElasticHvdError" not in class_names
 
 
-def for_tensorflow(exc):
+def for_tensorflow(exc: Exception) -> Exception:
     """``exc``, raised by a collective, as the class Horovod's TF op raises (still an
     instance of its own class); other errors as they are."""
     if isinstance(exc, errors.MismatchError):

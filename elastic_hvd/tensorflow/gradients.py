@@ -7,40 +7,58 @@ densified with ``sparse_as_dense``), local variables left alone.
 """
 
 import functools
+import warnings
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, NoReturn, Self
 
 import tensorflow as tf
 
 from . import ops
-from .compression import Compression
+from .compression import Compression, Compressor
 from ..core.ops import Average, Sum
-from .ops import global_process_set
+from .ops import ProcessSet, global_process_set
 
 
 class GradientReducer:
-    def __init__(self, compression=Compression.none, sparse_as_dense=False, op=Average,
-                 gradient_predivide_factor=1.0, num_groups=0, groups=None,
-                 process_set=global_process_set, scale_local_gradients=True):
+    def __init__(self, compression: type[Compressor] = Compression.none,
+                 sparse_as_dense: bool = False, op: int = Average,
+                 gradient_predivide_factor: float = 1.0, num_groups: int = 0,
+                 groups: int | Sequence[Sequence[Any]] | None = None,
+                 process_set: ProcessSet = global_process_set,
+                 scale_local_gradients: bool = True) -> None:
         ops.check_process_set(process_set)
         self.op = ops.resolve_op(op, None)
         if self.op not in (Average, Sum):
             raise ValueError(f"gradients can be reduced with Average or Sum, not {self.op.name}")
         if gradient_predivide_factor != 1.0 and self.op is not Average:
             raise ValueError("gradient_predivide_factor needs op=Average")
-        if num_groups and groups is not None:
-            raise ValueError("give num_groups or groups, not both")
+        # As Horovod 0.28: ``groups`` is a number of groups or a list of lists of
+        # variables; ``num_groups`` is its deprecated name, used when groups is None.
+        if num_groups:
+            warnings.warn("Parameter `num_groups` has been replaced by `groups`",
+                          DeprecationWarning, stacklevel=3)
+            if groups is None:
+                groups = num_groups
+        if isinstance(groups, int):
+            if groups <= 0:
+                raise ValueError("groups should be a non-negative integer or a list of list "
+                                 f"of tf.Variable, not {groups}")
+            num_groups, groups = groups, None
+        else:
+            num_groups = 0
         self.compression = compression
         self.sparse_as_dense = sparse_as_dense
         self.predivide = float(gradient_predivide_factor)
-        self.num_groups = int(num_groups or 0)
-        self.groups = groups
+        self.num_groups = num_groups
+        self.groups: Sequence[Sequence[Any]] | None = groups
         self.scale_local_gradients = scale_local_gradients
-        self.local_vars = set()
+        self.local_vars: set[int] = set()
 
-    def register_local_var(self, var):
+    def register_local_var(self, var: Any) -> None:
         """Gradients of ``var`` stay local (not averaged across ranks)."""
         self.local_vars.add(id(var))
 
-    def __call__(self, grads, variables=None):
+    def __call__(self, grads: Iterable[Any], variables: Iterable[Any] | None = None) -> list[Any]:
         """Reduce one step's gradients in one step transaction (see
         :func:`.ops.reduce_together`): all of them come from the same ranks."""
         grads = list(grads)
@@ -73,13 +91,13 @@ class GradientReducer:
             out[i] = tf.IndexedSlices(values, indices, dense_shape=grads[i].dense_shape)
         return out
 
-    def _partition(self, indices, variables):
+    def _partition(self, indices: list[int], variables: Sequence[Any]) -> list[list[int]]:
         if self.groups is not None:
-            position = {}
+            position: dict[int, int] = {}
             for k, group in enumerate(self.groups):
                 for v in group:
                     position[id(v)] = k
-            parts = {}
+            parts: dict[int, list[int]] = {}
             for i in indices:
                 v = variables[i]
                 key = position.get(id(v), len(self.groups) + i) if v is not None else i
@@ -103,11 +121,17 @@ class LocalAccumulator:
     Ranks step in lockstep, so every rank reduces on the same pass.
     """
 
-    def __init__(self, passes, average):
+    #: Per variable, the TF variable summing its gradients (None for a variable with no
+    #: gradient), and the count of passes: created at the first pass (None before).
+    sums: Any
+    counter: Any
+
+    def __init__(self, passes: int, average: bool) -> None:
         self.passes, self.average = int(passes), average
         self.sums = self.counter = None
 
-    def __call__(self, grads, variables, update):
+    def __call__(self, grads: Sequence[Any], variables: Sequence[Any],
+                 update: Callable[[list[Any]], Any]) -> None:
         grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
         if self.sums is None:
             with tf.init_scope():
@@ -123,7 +147,7 @@ class LocalAccumulator:
         with tf.control_dependencies(added):
             self.counter.assign_add(1)
 
-        def flush():
+        def flush() -> Any:
             scale = 1.0 / self.passes if self.average else 1.0
             update([None if t is None else t.read_value() * tf.cast(scale, t.dtype)
                     for t in self.sums])
@@ -140,9 +164,10 @@ class LocalAccumulator:
             tf.cond(due, flush, lambda: tf.constant(False))
 
 
-def _update(optimizer, grads, variables, apply):
+def _update(optimizer: Any, grads: list[Any], variables: list[Any],
+            apply: Callable[[list[Any]], Any]) -> Any:
     """Reduce ``grads`` (after local accumulation, if any) and ``apply`` them."""
-    def reduce_and_apply(local_grads):
+    def reduce_and_apply(local_grads: list[Any]) -> Any:
         return apply(optimizer._hvd_reducer(local_grads, variables))
 
     if optimizer._hvd_accumulator is None:
@@ -150,7 +175,7 @@ def _update(optimizer, grads, variables, apply):
     return optimizer._hvd_accumulator(grads, variables, reduce_and_apply)
 
 
-def _agg_helper(self):
+def _agg_helper(self: Any) -> None:
     """Horovod's local gradient aggregation helper: None without
     ``backward_passes_per_step`` > 1, as in Horovod; the helper itself is not
     provided (here LocalAccumulator does its work, with another interface)."""
@@ -162,7 +187,7 @@ def _agg_helper(self):
         "elastic_hvd.tensorflow.gradients.LocalAccumulator)")
 
 
-def _no_averaged_gradients(name):
+def _no_averaged_gradients(name: str) -> NotImplementedError:
     return NotImplementedError(
         f"DistributedOptimizer.{name}, which returns allreduced gradients in Horovod, is "
         "not provided: elastic_hvd averages gradients in apply_gradients()/apply() (the step "
@@ -171,26 +196,28 @@ def _no_averaged_gradients(name):
         "minimize()")
 
 
-def _compute_gradients(self, loss, var_list, grad_loss=None, tape=None):
+def _compute_gradients(self: Any, loss: Any, var_list: Any, grad_loss: Any = None,
+                       tape: Any = None) -> NoReturn:
     """Not provided: Horovod's Keras DistributedOptimizer returns averaged gradients
     here, elastic_hvd averages them in ``apply_gradients()``/``apply()`` (the step
     transaction), so gradients from here would be averaged twice."""
     raise _no_averaged_gradients("_compute_gradients")
 
 
-def _refused_compute_gradients(self, loss, var_list, tape=None):
+def _refused_compute_gradients(self: Any, loss: Any, var_list: Any, tape: Any = None) -> NoReturn:
     """Not provided, as :func:`_compute_gradients`."""
     raise _no_averaged_gradients("compute_gradients")
 
 
-def _refused_get_gradients(self, loss, params):
+def _refused_get_gradients(self: Any, loss: Any, params: Any) -> NoReturn:
     """Not provided, as :func:`_compute_gradients`."""
     raise _no_averaged_gradients("get_gradients")
 
 
 @functools.cache  # one subclass per optimizer class, however many optimizers are wrapped
-def _distributed_class(base):
+def _distributed_class(base: Any) -> Any:
     """A subclass of ``base`` (same name, module and config) that averages gradients."""
+    body: dict[str, Any]
     body = {"_hvd_distributed": True, "_hvd_accumulator": None,
             "register_local_var": lambda self, var: self._hvd_reducer.register_local_var(var),
             "_agg_helper": property(_agg_helper)}
@@ -203,13 +230,14 @@ def _distributed_class(base):
             if not hasattr(base, name):
                 body[name] = refusal
         if hasattr(base, "_compute_gradients"):  # tf_keras' legacy ones minimize() with it
-            def minimize(self, loss, var_list, grad_loss=None, name=None, tape=None):
+            def minimize(self: Any, loss: Any, var_list: Any, grad_loss: Any = None,
+                         name: str | None = None, tape: Any = None) -> Any:
                 pairs = base._compute_gradients(self, loss, var_list=var_list,
                                                 grad_loss=grad_loss, tape=tape)
                 return self.apply_gradients(pairs, name=name)
             body["minimize"] = minimize
     if hasattr(base, "stateless_apply"):  # Keras 3: model.fit calls apply()
-        def apply(self, grads, trainable_variables=None):
+        def apply(self: Any, grads: Iterable[Any], trainable_variables: Any = None) -> Any:
             variables = list(self._trainable_variables if trainable_variables is None
                              else trainable_variables)
             if not self.built:  # build outside the accumulator's tf.cond
@@ -219,13 +247,14 @@ def _distributed_class(base):
                            lambda g: base.apply(self, g, trainable_variables))
         body["apply"] = apply
     elif issubclass(base, tf.compat.v1.train.Optimizer):  # TF1-style optimizers
-        def compute_gradients(self, *args, **kwargs):
+        def compute_gradients(self: Any, *args: Any, **kwargs: Any) -> list[tuple[Any, Any]]:
             pairs = base.compute_gradients(self, *args, **kwargs)
             grads = self._hvd_reducer([g for g, _ in pairs], [v for _, v in pairs])
             return list(zip(grads, [v for _, v in pairs]))
         body["compute_gradients"] = compute_gradients
     else:  # tf_keras / Keras 2 optimizers
-        def apply_gradients(self, grads_and_vars, *args, **kwargs):
+        def apply_gradients(self: Any, grads_and_vars: Iterable[tuple[Any, Any]], *args: Any,
+                            **kwargs: Any) -> Any:
             pairs = list(grads_and_vars)
             variables = [v for _, v in pairs]
             return _update(self, [g for g, _ in pairs], variables,
@@ -237,11 +266,15 @@ def _distributed_class(base):
     return cls
 
 
-def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="",
-                         device_sparse="", compression=Compression.none, sparse_as_dense=False,
-                         backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0,
-                         average_aggregated_gradients=False, num_groups=0, groups=None,
-                         process_set=global_process_set, scale_local_gradients=True):
+def DistributedOptimizer(optimizer: Any, name: str | None = None, use_locking: bool = False,
+                         device_dense: str = "", device_sparse: str = "",
+                         compression: type[Compressor] = Compression.none,
+                         sparse_as_dense: bool = False, backward_passes_per_step: int = 1,
+                         op: int = Average, gradient_predivide_factor: float = 1.0,
+                         average_aggregated_gradients: bool = False, num_groups: int = 0,
+                         groups: int | Sequence[Sequence[Any]] | None = None,
+                         process_set: ProcessSet = global_process_set,
+                         scale_local_gradients: bool = True) -> Any:
     """Wrap a Keras (3 or 2/tf_keras) or TF1 optimizer so that it averages gradients.
 
     The wrapper is a subclass with the optimizer's own class name, module and
@@ -253,7 +286,7 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="
                               num_groups, groups, process_set, scale_local_gradients)
     if getattr(optimizer, "_hvd_distributed", False):
         raise ValueError("this optimizer is already a DistributedOptimizer")
-    cls = _distributed_class(type(optimizer))
+    cls = _distributed_class(type(optimizer))  # type: ignore[arg-type]  # (mypy: not Hashable)
     if issubclass(cls, tf.compat.v1.train.Optimizer):
         wrapped = cls.__new__(cls)
         wrapped.__dict__.update(optimizer.__dict__)
@@ -268,11 +301,12 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="
     return wrapped
 
 
-def distribute_in_place(optimizer, compression=Compression.none):
+def distribute_in_place(optimizer: Any,
+                        compression: type[Compressor] = Compression.none) -> Any:
     """Make an optimizer that already holds state (a loaded model's) average its
     gradients, keeping its variables: its class becomes the distributed subclass."""
     if not getattr(optimizer, "_hvd_distributed", False):
-        optimizer.__class__ = _distributed_class(type(optimizer))
+        optimizer.__class__ = _distributed_class(type(optimizer))  # type: ignore[arg-type]
         optimizer._hvd_reducer = GradientReducer(compression=compression)
     return optimizer
 
@@ -280,29 +314,32 @@ def distribute_in_place(optimizer, compression=Compression.none):
 class DistributedGradientTape:
     """Wraps a ``tf.GradientTape``: ``gradient()`` returns gradients averaged across ranks."""
 
-    def __init__(self, gradtape, device_dense="", device_sparse="", compression=Compression.none,
-                 sparse_as_dense=False, op=Average, gradient_predivide_factor=1.0, num_groups=0,
-                 groups=None, process_set=global_process_set, scale_local_gradients=True):
+    def __init__(self, gradtape: Any, device_dense: str = "", device_sparse: str = "",
+                 compression: type[Compressor] = Compression.none, sparse_as_dense: bool = False,
+                 op: int = Average, gradient_predivide_factor: float = 1.0, num_groups: int = 0,
+                 groups: int | Sequence[Sequence[Any]] | None = None,
+                 process_set: ProcessSet = global_process_set,
+                 scale_local_gradients: bool = True) -> None:
         self._tape = gradtape
         self._reducer = GradientReducer(compression, sparse_as_dense, op,
                                         gradient_predivide_factor, num_groups, groups,
                                         process_set, scale_local_gradients)
 
-    def __enter__(self):
+    def __enter__(self) -> Self:
         self._tape.__enter__()
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: Any) -> bool | None:
         return self._tape.__exit__(*exc)
 
-    def __getattr__(self, name):
+    def __getattr__(self, name: str) -> Any:
         return getattr(self._tape, name)
 
-    def register_local_source(self, source):
+    def register_local_source(self, source: Any) -> None:
         self._reducer.register_local_var(source)
 
-    def gradient(self, target, sources, output_gradients=None, use_generic_names=False,
-                 **kwargs):
+    def gradient(self, target: Any, sources: Any, output_gradients: Any = None,
+                 use_generic_names: bool = False, **kwargs: Any) -> Any:
         """The tape's gradients, averaged across ranks (registered local sources' only
         scaled, see ``scale_local_gradients``).  ``use_generic_names`` (Horovod's names
         of its ops) changes nothing here; ``kwargs`` go to ``tf.GradientTape.gradient``."""
@@ -311,24 +348,31 @@ class DistributedGradientTape:
         reduced = self._reducer(flat, tf.nest.flatten(sources))
         return tf.nest.pack_sequence_as(grads, reduced)
 
-    def get_local_and_global_gradients(self, target, sources, output_gradients=None,
-                                       use_generic_names=False):
+    def get_local_and_global_gradients(
+            self, target: Any, sources: Iterable[Any], output_gradients: Any = None,
+            use_generic_names: bool = False,
+    ) -> tuple[list[tuple[Any, Any]], list[tuple[Any, Any]]]:
         """:meth:`gradient`, split as Horovod splits it: ``([(source, gradient)] of the
         registered local sources, [(source, gradient)] of the others)``, in the order of
         ``sources``."""
         sources = list(sources)
         pairs = zip(sources, self.gradient(target, sources, output_gradients))
+        local: list[tuple[Any, Any]]
+        shared: list[tuple[Any, Any]]
         local, shared = [], []
         for source, grad in pairs:
             (local if id(source) in self._reducer.local_vars else shared).append((source, grad))
         return local, shared
 
 
-def PartialDistributedGradientTape(gradtape, device_dense="", device_sparse="",
-                                   compression=Compression.none, sparse_as_dense=False, op=Average,
-                                   gradient_predivide_factor=1.0, num_groups=0, groups=None,
-                                   process_set=global_process_set, local_layers=None,
-                                   scale_local_gradients=True):
+def PartialDistributedGradientTape(gradtape: Any, device_dense: str = "", device_sparse: str = "",
+                                   compression: type[Compressor] = Compression.none,
+                                   sparse_as_dense: bool = False, op: int = Average,
+                                   gradient_predivide_factor: float = 1.0, num_groups: int = 0,
+                                   groups: int | Sequence[Sequence[Any]] | None = None,
+                                   process_set: ProcessSet = global_process_set,
+                                   local_layers: Iterable[Any] | None = None,
+                                   scale_local_gradients: bool = True) -> DistributedGradientTape:
     """A DistributedGradientTape whose ``local_layers`` keep their gradients local."""
     tape = DistributedGradientTape(gradtape, device_dense, device_sparse, compression,
                                    sparse_as_dense, op, gradient_predivide_factor, num_groups,

@@ -13,63 +13,72 @@ the survivors after a loss.
 import functools
 import sys
 import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import numpy as np
 import tensorflow as tf
 
 from ..core import ElasticHvdError, reducer, runtime
 from ..core.errors import NO_PROCESS_SETS
-from ..core.ops import Average, Max, Min, Product, Sum, check_op
+from ..core.ops import Average, Max, Min, Product, ReduceOp, Sum, check_op
 from . import ordering, timeline
 from .errors import for_tensorflow
+
+if TYPE_CHECKING:
+    from ..core.comm import ResilientComm
+
+_R = TypeVar("_R")
 
 class ProcessSet:
     """A set of ranks.  Only the global set (all live ranks) is supported."""
 
     #: Horovod's fields: the set's id (0 for the global set), its ranks (None: all)
     #: and its MPI communicator (None: elastic_hvd makes none for a set).
-    process_set_id = ranks = mpi_comm = None
+    process_set_id: int | None = None
+    ranks: list[int] | None = None
+    mpi_comm: Any = None
 
-    def __init__(self, ranks_or_comm=None):
+    def __init__(self, ranks_or_comm: Iterable[int] | None = None) -> None:
         self.ranks = None if ranks_or_comm is None else list(ranks_or_comm)
         self.process_set_id = 0 if ranks_or_comm is None else None
 
-    def size(self):
+    def size(self) -> int:
         return _comm().size
 
-    def rank(self):
+    def rank(self) -> int:
         return _comm().rank
 
-    def included(self):
+    def included(self) -> bool:
         return True
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return "ProcessSet(global)" if self.ranks is None else f"ProcessSet({self.ranks})"
 
 
 global_process_set = ProcessSet()
 
 
-def add_process_set(process_set):
+def add_process_set(process_set: ProcessSet | Sequence[int]) -> NoReturn:
     """Always raises NotImplementedError: only the global process set is supported."""
     raise NotImplementedError(NO_PROCESS_SETS)
 
 
-def remove_process_set(process_set):
+def remove_process_set(process_set: ProcessSet) -> NoReturn:
     """Always raises NotImplementedError: only the global process set is supported."""
     raise NotImplementedError(NO_PROCESS_SETS)
 
 
-def check_process_set(process_set):
+def check_process_set(process_set: ProcessSet) -> None:
     if process_set is not global_process_set and getattr(process_set, "ranks", None) is not None:
         raise NotImplementedError(f"{process_set!r}: {NO_PROCESS_SETS}")
 
 
-def _comm():
+def _comm() -> "ResilientComm":
     return runtime.current("a collective")
 
 
-def resolve_op(op, average, default=Average):
+def resolve_op(op: int | None, average: bool | None, default: int = Average) -> ReduceOp:
     """The ReduceOp meant by ``op=`` or the deprecated ``average=`` (``default`` if
     neither); Adasum raises NotImplementedError."""
     if op is not None and average is not None:
@@ -79,7 +88,7 @@ def resolve_op(op, average, default=Average):
     return check_op(op)
 
 
-def _to_tensor(array, dtype):
+def _to_tensor(array: Any, dtype: Any) -> Any:
     """A tensor of ``array``, without copying it when TF can share its memory.
 
     ``tf.convert_to_tensor`` copies (cost: docs/measurements.md).  DLPack hands a
@@ -101,7 +110,7 @@ def _to_tensor(array, dtype):
 _RAISED_AS_TENSORFLOW = (ElasticHvdError, ValueError)
 
 
-def raised_as_tensorflow(fn, *args):
+def raised_as_tensorflow(fn: Callable[..., _R], *args: Any) -> _R:
     """``fn(*args)``; a collective's error raised as Horovod's TF op raises it (see
     :mod:`.errors`), without our frames: TF logs an op's error with its traceback on
     every rank, ours are complete sentences, and our frames would bury them (~60
@@ -112,7 +121,8 @@ def raised_as_tensorflow(fn, *args):
         raise for_tensorflow(exc).with_traceback(None) from None
 
 
-def numpy_op(name, fn, inputs, tout, collective=True, into_variables=False):
+def numpy_op(name: str, fn: Callable[..., Any], inputs: Sequence[Any], tout: Any,
+             collective: bool = True, into_variables: bool = False) -> Any:
     """Run ``fn(comm, *arrays)`` (the live communicator, numpy in, numpy out) as a
     stateful op, traced in the timeline; in a TF1 graph, a ``collective`` is ordered
     after the graph's earlier ones, and none after one ``into_variables`` (a
@@ -124,10 +134,10 @@ def numpy_op(name, fn, inputs, tout, collective=True, into_variables=False):
     # No graph to order: skip py_func's machinery (its cost per call: docs/measurements.md).
     in_graph = not tf.executing_eagerly()
     chained = in_graph and collective and ordering.needed()
-    me = ordering.Collective(into_variables) if chained else None
+    me: Any = ordering.Collective(into_variables) if chained else None  # None unless chained
     previous = me.predecessor(inputs) if chained else None
 
-    def call(*arrays):
+    def call(*arrays: np.ndarray) -> Any:
         comm = _comm()
         outer, comm.label = comm.label, name
         started = time.perf_counter()
@@ -167,14 +177,14 @@ def numpy_op(name, fn, inputs, tout, collective=True, into_variables=False):
     return outputs if many else outputs[0]
 
 
-def _fail_precondition(failed, outputs, name):
+def _fail_precondition(failed: Any, outputs: Sequence[Any], name: str) -> list[Any]:
     """``outputs``, or ``tf.errors.FailedPreconditionError`` when ``failed``, as
     Horovod's op fails on a mismatch.  An exception in a py_func reaches the caller
     as a new error typed by a fixed table in TF's py_func.cc that has no
     FailedPrecondition, and no stock op fails with a given code and message; reading
     a variable that does not exist fails with that code, its name standing for the
     message (the rank's MismatchError is on its stderr)."""
-    def fail():
+    def fail() -> Any:
         handle = tf.raw_ops.VarHandleOp(
             dtype=tf.bool, shape=[], container="elastic_hvd",
             shared_name=f"MismatchError: the ranks called {name} differently (each rank's "
@@ -189,17 +199,17 @@ def _fail_precondition(failed, outputs, name):
 try:  # whether a GradientTape could record right now (internal, but stable since TF 2.4)
     from tensorflow.python.eager.record import could_possibly_record as _could_record
 except ImportError:  # pragma: no cover - older or newer TF: always take the differentiable path
-    def _could_record():
+    def _could_record() -> bool:
         return True
 
 
-def _differentiable():
+def _differentiable() -> bool:
     """False when executing eagerly with no tape around: gradients cannot be asked for,
     and tf.custom_gradient's eager bookkeeping would cost more than a small collective."""
     return not tf.executing_eagerly() or _could_record()
 
 
-def _attribute(factor):
+def _attribute(factor: float) -> float:
     """A scale factor as Horovod's TF ops receive it: their ``prescale_factor`` and
     ``postscale_factor`` attributes are float32 (horovod/tensorflow/mpi_ops.cc), so
     even a float64 tensor is scaled by the factor rounded to float32."""
@@ -210,8 +220,10 @@ def _attribute(factor):
 GRADIENTS = "HorovodGradients"
 
 
-def reduce_together(groups, sparse, op, prescale_factor=1.0, postscale_factor=1.0,
-                    commit=False, name=GRADIENTS):
+def reduce_together(groups: Sequence[Sequence[Any]], sparse: Sequence[tuple[Any, Any]],
+                    op: ReduceOp, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                    commit: bool = False, name: str = GRADIENTS,
+                    ) -> tuple[list[list[Any]], list[tuple[Any, Any]]]:
     """Reduce dense tensors (``groups``: lists fused separately) and gather
     ``IndexedSlices`` parts (``sparse``: ``(values, indices)`` pairs) in one op
     whose results all come from one membership.
@@ -250,10 +262,11 @@ def reduce_together(groups, sparse, op, prescale_factor=1.0, postscale_factor=1.
     return per_group, gathered
 
 
-def _grouped_allreduce_raw(tensors, op, prescale_factor, postscale_factor, name):
+def _grouped_allreduce_raw(tensors: list[Any], op: ReduceOp, prescale_factor: float,
+                           postscale_factor: float, name: str | None) -> list[Any]:
     prescale_factor, postscale_factor = _attribute(prescale_factor), _attribute(postscale_factor)
 
-    def fn(comm, *arrays):
+    def fn(comm: "ResilientComm", *arrays: np.ndarray) -> Any:
         return reducer.fused_allreduce(comm, arrays, op, prescale_factor, postscale_factor)
 
     outputs = numpy_op(name or "HorovodGroupedAllreduce", fn, tensors,
@@ -263,7 +276,8 @@ def _grouped_allreduce_raw(tensors, op, prescale_factor, postscale_factor, name)
     return outputs
 
 
-def allreduce_tensors(tensors, op, prescale_factor=1.0, postscale_factor=1.0, name=None):
+def allreduce_tensors(tensors: Sequence[Any], op: ReduceOp, prescale_factor: float = 1.0,
+                      postscale_factor: float = 1.0, name: str | None = None) -> list[Any]:
     """Differentiable grouped allreduce: the gradient is the same allreduce of the gradients."""
     if not tensors:
         return []
@@ -271,10 +285,10 @@ def allreduce_tensors(tensors, op, prescale_factor=1.0, postscale_factor=1.0, na
         return _grouped_allreduce_raw(list(tensors), op, prescale_factor, postscale_factor, name)
 
     @tf.custom_gradient
-    def reduce(*xs):
+    def reduce(*xs: Any) -> tuple[list[Any], Callable[..., list[Any]]]:
         ys = _grouped_allreduce_raw(list(xs), op, prescale_factor, postscale_factor, name)
 
-        def grad(*dys):
+        def grad(*dys: Any) -> list[Any]:
             if op in (Min, Max, Product):
                 raise NotImplementedError(f"no gradient for allreduce with op {op.name}")
             return _grouped_allreduce_raw(list(dys), op, prescale_factor, postscale_factor,
@@ -284,9 +298,9 @@ def allreduce_tensors(tensors, op, prescale_factor=1.0, postscale_factor=1.0, na
     return list(reduce(*tensors))
 
 
-def _allgather_raw(tensor, name):
+def _allgather_raw(tensor: Any, name: str) -> tuple[Any, Any]:
     """(gathered, first row of this rank's part in it), both of the same membership."""
-    def fn(comm, x):
+    def fn(comm: "ResilientComm", x: np.ndarray) -> tuple[Any, Any]:
         gathered, rows = comm.allgather(x, return_counts=True)
         return gathered, rows[:comm.rank].sum()
 
@@ -295,14 +309,14 @@ def _allgather_raw(tensor, name):
     return gathered, start
 
 
-def allgather_tensor(tensor, name=None):
+def allgather_tensor(tensor: Any, name: str | None = None) -> Any:
     name = name or "HorovodAllgather"
 
     @tf.custom_gradient
-    def gather(x):
+    def gather(x: Any) -> tuple[Any, Callable[[Any], Any]]:
         y, start = _allgather_raw(x, name)
 
-        def grad(dy):
+        def grad(dy: Any) -> Any:
             # Average the gradients of every rank (Horovod's _allgather_grad), then keep
             # the rows this rank gave -- where they were in the forward gather, even if
             # ranks were lost since.
@@ -313,20 +327,20 @@ def allgather_tensor(tensor, name=None):
     return gather(tensor)
 
 
-def broadcast_tensor(tensor, root_rank, name=None):
+def broadcast_tensor(tensor: Any, root_rank: int, name: str | None = None) -> Any:
     name = name or "HorovodBroadcast"
 
-    def fn(comm, a):
+    def fn(comm: "ResilientComm", a: np.ndarray) -> tuple[Any, np.bool_]:
         ids = comm.ids
         result = comm.broadcast(a, root_rank=root_rank)
         return result, np.bool_(comm.root_id(ids, root_rank) == comm.original_id)
 
     @tf.custom_gradient
-    def bcast(x):
+    def bcast(x: Any) -> tuple[Any, Callable[[Any], Any]]:
         y, was_root = numpy_op(name, fn, [x], [x.dtype, tf.bool])
         y.set_shape(x.shape)
 
-        def grad(dy):
+        def grad(dy: Any) -> Any:
             # The root of the forward pass gets the average (Horovod's _broadcast_grad),
             # the others zeros: the same process even if ranks were lost (and
             # renumbered) since.
@@ -337,39 +351,39 @@ def broadcast_tensor(tensor, root_rank, name=None):
     return bcast(tensor)
 
 
-def _scalar_op(name, value):
+def _scalar_op(name: str, value: Callable[["ResilientComm"], int]) -> Any:
     return numpy_op(name, lambda comm: np.int32(value(comm)), [], tf.int32, collective=False)
 
 
-def size_op(process_set_id=0, name=None):
+def size_op(process_set_id: int = 0, name: str | None = None) -> Any:
     """The live size, read when the op runs."""
     return _scalar_op(name or "HorovodSize", lambda comm: comm.size)
 
 
-def rank_op(name=None):
+def rank_op(name: str | None = None) -> Any:
     """The live rank, read when the op runs."""
     return _scalar_op(name or "HorovodRank", lambda comm: comm.rank)
 
 
-def local_size_op(name=None):
+def local_size_op(name: str | None = None) -> Any:
     """The live local size (:func:`~elastic_hvd.basics.local_size`), read when the op runs."""
     from .. import basics
     return _scalar_op(name or "HorovodLocalSize", lambda comm: basics.local_size())
 
 
-def local_rank_op(name=None):
+def local_rank_op(name: str | None = None) -> Any:
     """The live local rank (:func:`~elastic_hvd.basics.local_rank`), read when the op runs."""
     from .. import basics
     return _scalar_op(name or "HorovodLocalRank", lambda comm: basics.local_rank())
 
 
-def process_set_included_op(process_set_id=0, name=None):
+def process_set_included_op(process_set_id: int = 0, name: str | None = None) -> Any:
     """A constant 1: every rank is in the global set, the only one supported."""
     return tf.constant(1, dtype=tf.int32)
 
 
-def alltoall_raw(tensor, splits, name):
-    def fn(comm, x, s):
+def alltoall_raw(tensor: Any, splits: Any, name: str) -> tuple[Any, Any]:
+    def fn(comm: "ResilientComm", x: np.ndarray, s: Any) -> tuple[Any, Any]:
         received, rsplits = comm.alltoall(x, splits=None if s.size == 0 else s)
         return received, rsplits.astype(np.int32)
 
@@ -380,8 +394,9 @@ def alltoall_raw(tensor, splits, name):
     return out, rsplits
 
 
-def _reducescatter_raw(tensors, op, prescale_factor, postscale_factor, name):
-    def fn(comm, *arrays):
+def _reducescatter_raw(tensors: Sequence[Any], op: ReduceOp, prescale_factor: float,
+                       postscale_factor: float, name: str) -> list[Any]:
+    def fn(comm: "ResilientComm", *arrays: np.ndarray) -> list[Any]:
         return [comm.reducescatter(a, op=op, prescale_factor=prescale_factor,
                                    postscale_factor=postscale_factor) for a in arrays]
 
@@ -391,13 +406,14 @@ def _reducescatter_raw(tensors, op, prescale_factor, postscale_factor, name):
     return outs
 
 
-def _reducescatter_grad(dys, op, prescale_factor, postscale_factor, name):
+def _reducescatter_grad(dys: Sequence[Any], op: ReduceOp, prescale_factor: float,
+                        postscale_factor: float, name: str) -> list[Any]:
     """Horovod's gradient of a (grouped) reducescatter (``_reducescatter_grad`` in
     horovod/tensorflow/mpi_ops.py): every rank's output gradients gathered, times the
     size for Sum and times the pre- and postscale factors, one multiplication each,
     in the gradient's dtype.  The size is the one the gathers ran with."""
-    def fn(comm, *arrays):
-        def attempt():
+    def fn(comm: "ResilientComm", *arrays: np.ndarray) -> list[Any]:
+        def attempt() -> list[Any]:
             gathered = [comm.allgather(a) for a in arrays]
             factors = ([comm.size] if op == Sum else []) + \
                 [f for f in (prescale_factor, postscale_factor) if f != 1.0]
@@ -411,17 +427,18 @@ def _reducescatter_grad(dys, op, prescale_factor, postscale_factor, name):
     return numpy_op(name, fn, dys, [dy.dtype for dy in dys])
 
 
-def reducescatter_tensors(tensors, op, prescale_factor, postscale_factor, name):
+def reducescatter_tensors(tensors: Sequence[Any], op: ReduceOp, prescale_factor: float,
+                          postscale_factor: float, name: str) -> list[Any]:
     """Differentiable (grouped) reducescatter, gradients as Horovod's."""
     prescale_factor, postscale_factor = _attribute(prescale_factor), _attribute(postscale_factor)
     if not _differentiable():
         return _reducescatter_raw(tensors, op, prescale_factor, postscale_factor, name)
 
     @tf.custom_gradient
-    def scatter(*xs):
+    def scatter(*xs: Any) -> tuple[list[Any], Callable[..., list[Any]]]:
         ys = _reducescatter_raw(list(xs), op, prescale_factor, postscale_factor, name)
 
-        def grad(*dys):
+        def grad(*dys: Any) -> list[Any]:
             gathered = _reducescatter_grad(list(dys), op, prescale_factor, postscale_factor,
                                            name + "_grad")
             for g, x in zip(gathered, xs):

@@ -2,14 +2,17 @@
 Keras flavour (Keras 3, tf_keras, Keras 2): the callbacks, the membership handlers and
 the training state (:mod:`.training_state`) all go through these."""
 
+from collections.abc import Sequence
+from typing import Any
 
-def optimizer_variables(optimizer):
+
+def optimizer_variables(optimizer: Any) -> list[Any]:
     """The optimizer's variables as a list (``variables`` is a method in Keras 2)."""
     variables = optimizer.variables
     return list(variables() if callable(variables) else variables)
 
 
-def build_optimizer(optimizer, model):
+def build_optimizer(optimizer: Any, model: Any) -> None:
     """Create the optimizer's slots now (Keras 3 and Keras 2 build them at the first
     step), so that state can be loaded into them before training.  Keras 2's optimizer
     says it is built in ``_built``, not ``built`` (reading only ``built`` left it
@@ -19,13 +22,13 @@ def build_optimizer(optimizer, model):
         optimizer.build(model.trainable_variables)
 
 
-def get_lr(optimizer):
+def get_lr(optimizer: Any) -> float:
     """The learning rate as a Python float (a variable or a plain number)."""
     lr = optimizer.learning_rate
     return float(lr.numpy() if hasattr(lr, "numpy") else lr)
 
 
-def set_lr(optimizer, value):
+def set_lr(optimizer: Any, value: float) -> None:
     """Set the learning rate: assigned in place when it is a variable, so that compiled
     train steps see the new value."""
     lr = optimizer.learning_rate
@@ -35,14 +38,14 @@ def set_lr(optimizer, value):
         optimizer.learning_rate = value
 
 
-def _momentum(optimizer):
+def _momentum(optimizer: Any) -> float | None:
     momentum = getattr(optimizer, "momentum", None)
     if momentum is None:
         return None
     return float(momentum.numpy() if hasattr(momentum, "numpy") else momentum)
 
 
-def _set_momentum(optimizer, value):
+def _set_momentum(optimizer: Any, value: float) -> None:
     if hasattr(optimizer.momentum, "assign"):
         optimizer.momentum.assign(value)
     else:
@@ -54,7 +57,7 @@ def _set_momentum(optimizer, value):
 _UNCORRECTED = "_hvd_uncorrected_momentum"
 
 
-def momentum_correct(optimizer, old_lr, new_lr):
+def momentum_correct(optimizer: Any, old_lr: float, new_lr: float) -> None:
     """Momentum correction (Goyal et al. 2017): after the lr changes from a to b, the
     next step uses momentum * b / a, then :func:`momentum_restore` puts it back.
 
@@ -69,7 +72,7 @@ def momentum_correct(optimizer, old_lr, new_lr):
     _set_momentum(optimizer, value * new_lr / old_lr)
 
 
-def momentum_restore(optimizer):
+def momentum_restore(optimizer: Any) -> None:
     """Undo the corrections once the corrected step ran (a no-op if there were none)."""
     value = getattr(optimizer, _UNCORRECTED, None)
     if value is not None:
@@ -77,13 +80,13 @@ def momentum_restore(optimizer):
         _set_momentum(optimizer, value)
 
 
-def momentum_state(optimizer):
+def momentum_state(optimizer: Any) -> tuple[float | None, float | None]:
     """(momentum now, momentum once the corrected step ran): a process that takes
     over the state must train its next step with the same momentum."""
     return _momentum(optimizer), getattr(optimizer, _UNCORRECTED, None)
 
 
-def load_momentum_state(optimizer, state):
+def load_momentum_state(optimizer: Any, state: Sequence[float | None]) -> None:
     now, uncorrected = state
     if now is not None:
         _set_momentum(optimizer, now)

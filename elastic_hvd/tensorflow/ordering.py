@@ -44,6 +44,8 @@ runs collectives in program order.
 """
 
 import threading
+from collections.abc import Collection, Iterable, Sequence
+from typing import Any
 
 import tensorflow as tf
 
@@ -61,7 +63,7 @@ _OWN_RANDOM = frozenset(("RandomUniform", "RandomUniformInt", "RandomStandardNor
                          "RandomPoisson", "RandomPoissonV2", "RandomShuffle", "Multinomial"))
 
 
-def needed():
+def needed() -> bool:
     """Whether a collective built now must be chained: in a plain (TF1) graph, not
     in a function graph (whose automatic control dependencies order it already)."""
     graph = tf.compat.v1.get_default_graph()
@@ -69,7 +71,7 @@ def needed():
             and not getattr(graph, "building_function", False))
 
 
-def _ancestors(ops):
+def _ancestors(ops: Iterable[Any]) -> dict[str, Any]:
     seen, todo = {}, list(ops)
     while todo:
         op = todo.pop()
@@ -81,7 +83,7 @@ def _ancestors(ops):
     return seen
 
 
-def _needs(ancestors, collectives):
+def _needs(ancestors: dict[str, Any], collectives: Collection[str]) -> set[str]:
     """Names of the ops among ``ancestors`` that make running them more than a
     computation: feeds and stateful ops (not variables, not a random op's own
     generator, not our own collectives)."""
@@ -93,7 +95,10 @@ def _needs(ancestors, collectives):
 class _Chain:
     """A graph's collectives in creation order, and how many times any of them ran."""
 
-    def __init__(self):
+    collectives: list["Collective"]
+    runs: int
+
+    def __init__(self) -> None:
         self.collectives, self.runs = [], 0
 
 
@@ -102,18 +107,22 @@ class Collective:
 
     ``into_variables``: a broadcast into variables (see the module docstring)."""
 
-    def __init__(self, into_variables=False):
+    chain: _Chain
+    #: The op of its py_func, once recorded (None before).
+    op: Any
+
+    def __init__(self, into_variables: bool = False) -> None:
         graph = tf.compat.v1.get_default_graph()
         # Kept on the graph (not in a module-level map, whose entries the ops would keep
         # alive through op.graph): it goes when the graph goes.
-        self.chain = getattr(graph, "_elastic_hvd_chain", None)
+        self.chain = getattr(graph, "_elastic_hvd_chain", None)  # type: ignore[assignment]
         if self.chain is None:
             self.chain = graph._elastic_hvd_chain = _Chain()
         self.into_variables = into_variables
         self.built_at = self.chain.runs
         self.op = None
 
-    def predecessor(self, inputs):
+    def predecessor(self, inputs: Sequence[Any]) -> Any:
         """The collective this one, with ``inputs``, must follow, or None."""
         chain = self.chain.collectives
         if not chain:
@@ -136,11 +145,11 @@ class Collective:
                 return previous.op
         return None
 
-    def record(self, op):
+    def record(self, op: Any) -> None:
         """This collective is ``op`` (its py_func): the latest of its graph."""
         self.op = op
         self.chain.collectives.append(self)
 
-    def ran(self):
+    def ran(self) -> None:
         """Called by its kernel, each time it runs."""
         self.chain.runs += 1

@@ -23,6 +23,8 @@ is current: Keras 3, or tf_keras with ``TF_USE_LEGACY_KERAS=1`` (Keras 2 on TF 2
 """
 
 import inspect
+from collections.abc import Sequence
+from typing import Any
 
 import tensorflow as tf
 
@@ -35,7 +37,8 @@ _BatchNormalization = tf.keras.layers.BatchNormalization
 _KERAS3 = "reduction_axes" not in inspect.signature(_BatchNormalization._moments).parameters
 
 
-def sync_moments(inputs, axes, keepdims=False, weights=None, name="HorovodSyncBatchNorm"):
+def sync_moments(inputs: Any, axes: Sequence[int], keepdims: bool = False, weights: Any = None,
+                 name: str = "HorovodSyncBatchNorm") -> tuple[Any, Any]:
     """Mean and variance of ``inputs`` over ``axes`` and over the batches of every live
     rank, each rank weighted by its number of samples (of ``weights``' total weight,
     ``weights`` broadcastable to ``inputs``, when given); one Sum allreduce."""
@@ -75,7 +78,7 @@ class SyncBatchNormalization(_BatchNormalization):  # type: ignore[valid-type,mi
     ``BatchNormalization``'s.
     """
 
-    def __init__(self, fused=False, **kwargs):
+    def __init__(self, fused: bool | None = False, **kwargs: Any) -> None:
         if fused or (fused is None and not _KERAS3):
             raise ValueError(f"SyncBatchNormalization does not support fused={fused} "
                              "(the fused kernel computes the statistics of this rank's "
@@ -85,11 +88,12 @@ class SyncBatchNormalization(_BatchNormalization):  # type: ignore[valid-type,mi
         super().__init__(**kwargs)
 
     if _KERAS3:
-        def _moments(self, inputs, mask):
+        def _moments(self, inputs: Any, mask: Any) -> tuple[Any, Any]:
             weights = None if mask is None else tf.expand_dims(tf.cast(mask, inputs.dtype), -1)
             return sync_moments(inputs, self._reduction_axes, weights=weights)
     else:
-        def _moments(self, inputs, reduction_axes, keep_dims, mask=None):  # type: ignore[misc]
+        def _moments(self, inputs: Any, reduction_axes: Sequence[int],  # type: ignore[misc]
+                     keep_dims: bool, mask: Any = None) -> tuple[Any, Any]:
             weights = None if mask is None else tf.expand_dims(tf.cast(mask, inputs.dtype), -1)
             return sync_moments(inputs, reduction_axes, keepdims=keep_dims, weights=weights)
 

@@ -10,6 +10,7 @@ import json
 import os
 import threading
 import time
+from typing import Any
 
 from ..core import process, runtime
 
@@ -20,18 +21,19 @@ _epoch = time.perf_counter()
 class _Recording:
     """The events recorded so far, for ``path``; kept in the process's runtime."""
 
-    def __init__(self, path):
+    events: list[dict[str, Any]]
+    def __init__(self, path: str) -> None:
         self.path, self.events = path, []
 
 
-def start_timeline(file_path, mark_cycles=False):
+def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
     """Record every collective op from now on, for :func:`stop_timeline` to write to
     ``file_path``; events recorded before are dropped.  ``mark_cycles`` is ignored."""
     with _lock:
         process.runtime().timeline = _Recording(file_path)
 
 
-def record(name, started, finished):
+def record(name: str, started: float, finished: float) -> None:
     recording = process.runtime().timeline
     if recording is None:
         return
@@ -41,7 +43,7 @@ def record(name, started, finished):
                                  "dur": (finished - started) * 1e6})
 
 
-def stop_timeline():
+def stop_timeline() -> None:
     """Stop recording and write the events, atomically: rank 0 writes, or every rank
     when the path contains ``{rank}``.  A no-op if no timeline was started."""
     rt = process.runtime()

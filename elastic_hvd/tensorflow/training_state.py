@@ -24,6 +24,8 @@ commit.  ``state()`` records the size it was taken at (``size``).
 """
 
 import copy
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import tensorflow as tf
@@ -32,6 +34,10 @@ from ..core import runtime
 from ..core.errors import ElasticHvdError
 from .optimizer_state import (build_optimizer, get_lr, load_momentum_state, momentum_state,
                               optimizer_variables, set_lr)
+
+if TYPE_CHECKING:
+    from ..growth_policy import GrowthPolicy
+    from ..sharding import ElasticSampler
 
 FORMAT = 1
 
@@ -47,16 +53,18 @@ class TrainingState:
     (``hvd.elastic.State``'s: copied in memory and broadcast, never written to a file).
     """
 
-    def __init__(self, model=None, optimizer=None, variables=None, sampler=None, policy=None,
-                 callbacks=None, values=None):
+    def __init__(self, model: Any = None, optimizer: Any = None,
+                 variables: Sequence[Any] | None = None, sampler: "ElasticSampler | None" = None,
+                 policy: "GrowthPolicy | None" = None, callbacks: Sequence[Any] | None = None,
+                 values: dict[str, Any] | None = None) -> None:
         self.model = model
         self.optimizer = optimizer if optimizer is not None else getattr(model, "optimizer", None)
         self.variables = variables
         self.sampler, self.policy, self.callbacks, self.values = sampler, policy, callbacks, values
 
-    def state(self, epoch=None):
+    def state(self, epoch: int | None = None) -> dict[str, Any]:
         """Everything, as plain values; ``epoch``: the epoch to train (next)."""
-        state = {"format": FORMAT, "epoch": epoch}
+        state: dict[str, Any] = {"format": FORMAT, "epoch": epoch}
         if runtime.is_initialized():
             state["session"] = runtime.session().state()
             state["size"] = runtime.current().size
@@ -81,7 +89,7 @@ class TrainingState:
             state["values"] = copy.deepcopy(self.values)
         return state
 
-    def load_state(self, state, membership=True):
+    def load_state(self, state: dict[str, Any], membership: bool = True) -> Any:
         """Load what ``state()`` returned (see the module doc for ``membership``);
         returns the state's epoch."""
         if state.get("format") != FORMAT:
@@ -111,7 +119,7 @@ class TrainingState:
             self.values.update(copy.deepcopy(state["values"]))
         return state["epoch"]
 
-    def warm_up(self):
+    def warm_up(self) -> None:
         """Assign the model's and the optimizer's variables their own values, once.
 
         In a joiner before it joins: the first assignment of each TF variable costs
@@ -145,7 +153,7 @@ class TrainingState:
                 callback.load_live_state(live)
 
 
-def _assign(variables, values, what):
+def _assign(variables: Iterable[Any], values: Sequence[Any], what: str) -> None:
     variables = list(variables)
     if len(variables) != len(values) or any(
             tuple(v.shape) != tuple(x.shape) for v, x in zip(variables, values)):
@@ -160,7 +168,7 @@ def _assign(variables, values, what):
             target.assign(np.asarray(value, dtype=target.dtype.as_numpy_dtype), read_value=False)
 
 
-def _tf_variable(variable):
+def _tf_variable(variable: Any) -> Any:
     """The TF variable that holds ``variable`` (a Keras 3 variable's, or itself), or None.
 
     Why: a joiner loads the live state while the others already wait for its first

@@ -5,23 +5,26 @@ name raises an AttributeError that names it as a Horovod internal not provided.
 
 import queue
 import threading
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from ...horovod_alias import not_provided
 
 __getattr__ = not_provided("horovod.runner.util.threads")
 
 
-def _check_args(args):
+def _check_args(args: object) -> None:
     if not isinstance(args, tuple):
         raise ValueError(f"args must be a tuple, not {type(args)}; for one argument use (arg,)")
 
 
-def in_thread(target, args=(), name=None, daemon=True, silent=False):
+def in_thread(target: Callable[..., Any], args: tuple[Any, ...] = (), name: str | None = None,
+              daemon: bool = True, silent: bool = False) -> threading.Thread:
     """Start ``target(*args)`` in a new thread and return the thread; ``silent``
     swallows any exception it raises."""
     _check_args(args)
 
-    def run(*run_args):
+    def run(*run_args: Any) -> None:
         try:
             target(*run_args)
         except Exception:
@@ -33,8 +36,9 @@ def in_thread(target, args=(), name=None, daemon=True, silent=False):
     return thread
 
 
-def on_event(event, func, args=(), stop=None, check_stop_interval_s=1.0, daemon=True,
-             silent=False):
+def on_event(event: threading.Event, func: Callable[..., Any], args: tuple[Any, ...] = (),
+             stop: threading.Event | None = None, check_stop_interval_s: float = 1.0,
+             daemon: bool = True, silent: bool = False) -> threading.Thread:
     """In a new thread, call ``func(*args)`` once ``event`` is set -- unless ``stop``
     (looked at every ``check_stop_interval_s``) is set first.  A non-daemon thread
     needs ``stop``.  Returns the thread."""
@@ -44,7 +48,7 @@ def on_event(event, func, args=(), stop=None, check_stop_interval_s=1.0, daemon=
     if stop is None and not daemon:
         raise ValueError("a non-daemon event thread needs a stop event")
 
-    def wait_then_call():
+    def wait_then_call() -> None:
         if stop is None:
             event.wait()
         else:
@@ -57,16 +61,19 @@ def on_event(event, func, args=(), stop=None, check_stop_interval_s=1.0, daemon=
     return in_thread(wait_then_call, daemon=daemon, silent=silent)
 
 
-def execute_function_multithreaded(fn, args_list, block_until_all_done=True,
-                                   max_concurrent_executions=1000):
+def execute_function_multithreaded(fn: Callable[..., Any], args_list: Sequence[Sequence[Any]],
+                                   block_until_all_done: bool = True,
+                                   max_concurrent_executions: int = 1000) -> dict[int, Any] | None:
     """``fn(*args)`` for every ``args`` of ``args_list``, in at most
     ``max_concurrent_executions`` threads.  Blocking: returns ``{index in args_list:
     result}`` and raises RuntimeError if a call failed; else returns None at once."""
+    todo: queue.Queue[tuple[int, Sequence[Any]]]
+    results: dict[int, Any]
     todo, results = queue.Queue(), {}
     for index, args in enumerate(args_list):
         todo.put((index, args))
 
-    def work():
+    def work() -> None:
         while True:
             try:
                 index, args = todo.get_nowait()

@@ -7,6 +7,9 @@
 ``TF_USE_LEGACY_KERAS=1``, Keras 2 on TF 2.15.
 """
 
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any, NoReturn
+
 import tensorflow as tf
 
 from ... import tensorflow as _tf_api
@@ -23,12 +26,21 @@ from ..data import ElasticData  # noqa: F401
 from . import callbacks, elastic  # noqa: F401
 from .elastic_fit import fit  # noqa: F401
 
+if TYPE_CHECKING:  # (not public names of this module)
+    import os
 
-def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="",
-                         compression=Compression.none, sparse_as_dense=False,
-                         gradient_predivide_factor=1.0, op=Average, backward_passes_per_step=1,
-                         average_aggregated_gradients=False, num_groups=0, groups=None,
-                         process_set=global_process_set, scale_local_gradients=True):
+    from ..compression import Compressor
+
+
+def DistributedOptimizer(optimizer: Any, name: str | None = None, device_dense: str = "",
+                         device_sparse: str = "",
+                         compression: "type[Compressor]" = Compression.none,
+                         sparse_as_dense: bool = False, gradient_predivide_factor: float = 1.0,
+                         op: int = Average, backward_passes_per_step: int = 1,
+                         average_aggregated_gradients: bool = False, num_groups: int = 0,
+                         groups: int | Sequence[Sequence[Any]] | None = None,
+                         process_set: ProcessSet = global_process_set,
+                         scale_local_gradients: bool = True) -> Any:
     """Wrap a Keras optimizer so that ``model.fit`` averages gradients over the live ranks."""
     return _tf_api.DistributedOptimizer(
         optimizer, name=name, device_dense=device_dense, device_sparse=device_sparse,
@@ -39,12 +51,17 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
         groups=groups, process_set=process_set, scale_local_gradients=scale_local_gradients)
 
 
-def PartialDistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="",
-                                compression=Compression.none, sparse_as_dense=False,
-                                gradient_predivide_factor=1.0, op=Average,
-                                backward_passes_per_step=1, average_aggregated_gradients=False,
-                                groups=None, process_set=global_process_set, local_layers=None,
-                                scale_local_gradients=True):
+def PartialDistributedOptimizer(optimizer: Any, name: str | None = None, device_dense: str = "",
+                                device_sparse: str = "",
+                                compression: "type[Compressor]" = Compression.none,
+                                sparse_as_dense: bool = False,
+                                gradient_predivide_factor: float = 1.0, op: int = Average,
+                                backward_passes_per_step: int = 1,
+                                average_aggregated_gradients: bool = False,
+                                groups: int | Sequence[Sequence[Any]] | None = None,
+                                process_set: ProcessSet = global_process_set,
+                                local_layers: Iterable[Any] | None = None,
+                                scale_local_gradients: bool = True) -> Any:
     """A DistributedOptimizer whose ``local_layers`` keep their gradients local."""
     wrapped = DistributedOptimizer(optimizer, name, device_dense, device_sparse, compression,
                                    sparse_as_dense, gradient_predivide_factor, op,
@@ -56,8 +73,10 @@ def PartialDistributedOptimizer(optimizer, name=None, device_dense="", device_sp
     return wrapped
 
 
-def allreduce(value, name=None, average=None, prescale_factor=1.0, postscale_factor=1.0,
-              op=None, compression=Compression.none, process_set=global_process_set):
+def allreduce(value: Any, name: str | None = None, average: bool | None = None,
+              prescale_factor: float = 1.0, postscale_factor: float = 1.0, op: int | None = None,
+              compression: "type[Compressor]" = Compression.none,
+              process_set: ProcessSet = global_process_set) -> Any:
     """:func:`elastic_hvd.tensorflow.allreduce` of ``value`` (anything a tensor can be
     made of); default op Average over the live ranks."""
     return _tf_api.allreduce(tf.convert_to_tensor(value), average=average, op=op, name=name,
@@ -65,32 +84,37 @@ def allreduce(value, name=None, average=None, prescale_factor=1.0, postscale_fac
                              compression=compression, process_set=process_set)
 
 
-def allgather(value, name=None, process_set=global_process_set):
+def allgather(value: Any, name: str | None = None,
+              process_set: ProcessSet = global_process_set) -> Any:
     """:func:`elastic_hvd.tensorflow.allgather` of ``value``."""
     return _tf_api.allgather(tf.convert_to_tensor(value), name=name, process_set=process_set)
 
 
-def broadcast(value, root_rank, name=None, process_set=global_process_set):
+def broadcast(value: Any, root_rank: int, name: str | None = None,
+              process_set: ProcessSet = global_process_set) -> Any:
     """:func:`elastic_hvd.tensorflow.broadcast` of ``value``."""
     return _tf_api.broadcast(tf.convert_to_tensor(value), root_rank, name=name,
                              process_set=process_set)
 
 
-def reducescatter(value, name=None, op=Average, process_set=global_process_set):
+def reducescatter(value: Any, name: str | None = None, op: int = Average,
+                  process_set: ProcessSet = global_process_set) -> Any:
     """:func:`elastic_hvd.tensorflow.reducescatter` of ``value``."""
     return _tf_api.reducescatter(tf.convert_to_tensor(value), op=op, name=name,
                                  process_set=process_set)
 
 
-def broadcast_global_variables(root_rank):
+def broadcast_global_variables(root_rank: int) -> NoReturn:
     """Always raises RuntimeError: it is for TF1 sessions; with Keras use
     ``callbacks.BroadcastGlobalVariablesCallback``."""
     raise RuntimeError("broadcast_global_variables is for TF1 sessions; with Keras use "
                        "hvd.callbacks.BroadcastGlobalVariablesCallback(root_rank)")
 
 
-def load_model(filepath, custom_optimizers=None, custom_objects=None,
-               compression=Compression.none, legacy_opts=False):
+def load_model(filepath: "str | os.PathLike[str]", custom_optimizers: Any = None,
+               custom_objects: dict[str, Any] | None = None,
+               compression: "type[Compressor]" = Compression.none,
+               legacy_opts: bool = False) -> Any:
     """Load a Keras model and wrap its optimizer in a DistributedOptimizer."""
     model = tf.keras.models.load_model(filepath, custom_objects=custom_objects)
     if getattr(model, "optimizer", None) is not None:

@@ -5,6 +5,9 @@ Learning rates and momentum are read and set through
 the membership-aware callbacks live in the top-level ``keras_callbacks`` package.
 """
 
+from collections.abc import Callable, Iterable
+from typing import Any
+
 import numpy as np
 import tensorflow as tf
 
@@ -27,18 +30,21 @@ class BroadcastGlobalVariablesCallback(tf.keras.callbacks.Callback):
     instead and sets ``broadcast_done``).
     """
 
-    def __init__(self, root_rank, device="", local_variables=None):
+    joined_at: int | None
+
+    def __init__(self, root_rank: int, device: str = "",
+                 local_variables: Iterable[Any] | None = None) -> None:
         super().__init__()
         self.root_rank = root_rank
         self.local_variables = {id(v) for v in local_variables or []}
         self.broadcast_done = False
         self.joined_at = None  # the epoch at whose start this process replaced a lost rank
 
-    def register_local_var(self, var):
+    def register_local_var(self, var: Any) -> None:
         """Leave ``var`` out of the broadcast: it is this rank's own."""
         self.local_variables.add(id(var))
 
-    def _broadcast(self):
+    def _broadcast(self) -> None:
         variables = list(self.model.variables)
         optimizer = getattr(self.model, "optimizer", None)
         if optimizer is not None:
@@ -46,16 +52,16 @@ class BroadcastGlobalVariablesCallback(tf.keras.callbacks.Callback):
         broadcast_variables([v for v in variables if id(v) not in self.local_variables],
                             self.root_rank)
 
-    def on_train_begin(self, logs=None):
+    def on_train_begin(self, logs: dict | None = None) -> None:
         if not self.broadcast_done:
             self._broadcast()
 
-    def on_train_batch_end(self, batch, logs=None):
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
         if not self.broadcast_done:
             self._broadcast()
             self.broadcast_done = True
 
-    def on_epoch_begin(self, epoch, logs=None):
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         """Where a plain script's hot spare is adopted (see :mod:`.replacement`)."""
         if self.joined_at != epoch:
             replacement.adopt_at_epoch_start(self.model, epoch)
@@ -64,10 +70,10 @@ class BroadcastGlobalVariablesCallback(tf.keras.callbacks.Callback):
 class MetricAverageCallback(tf.keras.callbacks.Callback):
     """Average the epoch's metrics (the ``logs`` dict) over the live ranks."""
 
-    def __init__(self, device=""):
+    def __init__(self, device: str = "") -> None:
         super().__init__()
 
-    def on_epoch_end(self, epoch, logs=None):
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         if not logs:
             return
         keys = sorted(k for k, v in logs.items() if np.ndim(v) == 0)
@@ -87,8 +93,9 @@ class LearningRateScheduleCallback(tf.keras.callbacks.Callback):
     rescaled it after membership changes.
     """
 
-    def __init__(self, initial_lr, multiplier, start_epoch=0, end_epoch=None, staircase=True,
-                 momentum_correction=True, steps_per_epoch=None):
+    def __init__(self, initial_lr: float, multiplier: float | Callable[[float], float],
+                 start_epoch: int = 0, end_epoch: int | None = None, staircase: bool = True,
+                 momentum_correction: bool = True, steps_per_epoch: int | None = None) -> None:
         super().__init__()
         self.initial_lr = initial_lr
         self.multiplier = multiplier if callable(multiplier) else (lambda epoch: multiplier)
@@ -98,15 +105,15 @@ class LearningRateScheduleCallback(tf.keras.callbacks.Callback):
         self.steps_per_epoch = steps_per_epoch
         self.current_epoch = 0
 
-    def _steps(self):
+    def _steps(self) -> int:
         if self.steps_per_epoch is None:
             self.steps_per_epoch = self.params.get("steps") or 1
         return self.steps_per_epoch
 
-    def _in_range(self, epoch):
+    def _in_range(self, epoch: float) -> bool:
         return epoch >= self.start_epoch and (self.end_epoch is None or epoch < self.end_epoch)
 
-    def _adjust(self, epoch):
+    def _adjust(self, epoch: float) -> None:
         optimizer = self.model.optimizer
         old_lr = get_lr(optimizer)
         new_lr = (self.initial_lr * self.multiplier(epoch)
@@ -115,19 +122,19 @@ class LearningRateScheduleCallback(tf.keras.callbacks.Callback):
         if self.momentum_correction:
             momentum_correct(optimizer, old_lr, new_lr)
 
-    def on_epoch_begin(self, epoch, logs=None):
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         self.current_epoch = epoch
         if self.staircase and self._in_range(epoch):
             self._adjust(epoch)
 
-    def on_train_batch_begin(self, batch, logs=None):
+    def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
         if not self.staircase and self._in_range(self.current_epoch):
             self._adjust(self.current_epoch + batch / self._steps())
 
-    def on_train_batch_end(self, batch, logs=None):
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
         momentum_restore(self.model.optimizer)  # the corrected momentum served one step
 
-    def on_epoch_end(self, epoch, logs=None):
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         if logs is not None:
             logs["lr"] = get_lr(self.model.optimizer)
 
@@ -135,9 +142,12 @@ class LearningRateScheduleCallback(tf.keras.callbacks.Callback):
 class LearningRateWarmupCallback(LearningRateScheduleCallback):
     """Ramp the lr from initial_lr / size to initial_lr over ``warmup_epochs`` (Goyal et al.)."""
 
-    def __init__(self, initial_lr, warmup_epochs=5, momentum_correction=True,
-                 steps_per_epoch=None, verbose=0):
-        def multiplier(epoch):
+    end_epoch: int  # warmup_epochs: never None here
+
+    def __init__(self, initial_lr: float, warmup_epochs: int = 5,
+                 momentum_correction: bool = True, steps_per_epoch: int | None = None,
+                 verbose: int = 0) -> None:
+        def multiplier(epoch: float) -> float:
             size = runtime.current("LearningRateWarmupCallback").size
             epoch += 1.0 / self._steps()
             return 1.0 / size * (epoch * (size - 1) / warmup_epochs + 1)
@@ -147,7 +157,7 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
                          steps_per_epoch=steps_per_epoch)
         self.verbose = verbose
 
-    def on_epoch_end(self, epoch, logs=None):
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         super().on_epoch_end(epoch, logs)
         if epoch == self.end_epoch - 1 and self.verbose > 0 and \
                 runtime.current("LearningRateWarmupCallback").rank == 0:
@@ -158,14 +168,15 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
 class BestModelCheckpoint(tf.keras.callbacks.ModelCheckpoint):
     """Keep the best model (by ``monitor``), written by the lowest live rank only."""
 
-    def __init__(self, monitor="val_loss", verbose=0, save_weights_only=False, mode="auto",
-                 save_freq="epoch", filepath=None):
+    def __init__(self, monitor: str = "val_loss", verbose: int = 0,
+                 save_weights_only: bool = False, mode: str = "auto",
+                 save_freq: str | int = "epoch", filepath: str | None = None) -> None:
         if filepath is None:
             filepath = "best.weights.h5" if save_weights_only else "best.keras"
         super().__init__(filepath=filepath, monitor=monitor, verbose=verbose,
                          save_best_only=True, save_weights_only=save_weights_only, mode=mode,
                          save_freq=save_freq)
 
-    def _save_model(self, *args, **kwargs):
+    def _save_model(self, *args: Any, **kwargs: Any) -> Any:
         if runtime.current("BestModelCheckpoint").rank == 0:
             return super()._save_model(*args, **kwargs)

@@ -11,15 +11,22 @@ no guard for it.
 """
 
 import contextlib
+from collections.abc import Iterable, Sequence
+from typing import Any, TypeVar
 
 from ...core import runtime
 from ...core.announce import stdout_is_terminal
-from ..data import validation_shard
+from ..data import ElasticData, validation_shard
 from .callbacks import BroadcastGlobalVariablesCallback, MetricAverageCallback
 
+_C = TypeVar("_C")
 
-def fit(model, data, epochs=1, *, initial_epoch=0, callbacks=(), checkpoint_dir=None,
-        events=None, lr_policy="linear", validation_data=None, verbose=None, **kwargs):
+
+def fit(model: Any, data: ElasticData, epochs: int = 1, *, initial_epoch: int = 0,
+        callbacks: Iterable[Any] = (), checkpoint_dir: str | None = None,
+        events: str | None = None, lr_policy: str = "linear",
+        validation_data: Sequence[Any] | None = None, verbose: int | None = None,
+        **kwargs: Any) -> Any:
     """Train ``model`` (compiled with ``hvd.DistributedOptimizer``) on ``data`` (an
     :class:`~elastic_hvd.tensorflow.data.ElasticData`) for ``epochs``; returns Keras'
     ``History``.
@@ -40,7 +47,7 @@ def fit(model, data, epochs=1, *, initial_epoch=0, callbacks=(), checkpoint_dir=
         verbose = 1 if stdout_is_terminal() else 2
     given = list(callbacks)
 
-    def given_one(kind):
+    def given_one(kind: type[_C]) -> _C | None:
         return next((c for c in given if isinstance(c, kind)), None)
 
     checkpoint = given_one(kc.ElasticCheckpoint)

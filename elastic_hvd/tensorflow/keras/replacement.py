@@ -21,30 +21,37 @@ import functools
 import inspect
 import sys
 import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import tensorflow as tf
 
 from ...core import runtime
 from ..training_state import TrainingState
 
+if TYPE_CHECKING:
+    from ...core.comm import ResilientComm
+    from ...core.membership import MembershipEvent
+
 #: Looks for a spare's readiness at one epoch start (agreed; the spare is ready
 #: within milliseconds of being adopted), and the pause between two.
 POLLS, PAUSE = 100, 0.02
 
 
-def install():
+def install() -> None:
     """In a spare given a lost rank's number: make the next ``model.fit`` join first."""
     model_class = tf.keras.Model
     original = model_class.fit
 
-    def fit(model, *args, **kwargs):
+    def fit(model: Any, *args: Any, **kwargs: Any) -> Any:
         model_class.fit = original  # once
         return _fit_as_replacement(model, original, args, kwargs)
 
     model_class.fit = fit
 
 
-def _fit_as_replacement(model, original, args, kwargs):
+def _fit_as_replacement(model: Any, original: Callable[..., Any], args: tuple[Any, ...],
+                        kwargs: dict[str, Any]) -> Any:
     comm = runtime.current("model.fit")
     bound = inspect.signature(original).bind(model, *args, **kwargs).arguments
     bound.update(bound.pop("kwargs", {}))
@@ -62,7 +69,7 @@ def _fit_as_replacement(model, original, args, kwargs):
     return original(model, **bound)
 
 
-def adopt_at_epoch_start(model, epoch):
+def adopt_at_epoch_start(model: Any, epoch: int) -> "MembershipEvent | None":
     """Every rank of an in-place job, at an epoch's start (collective): adopt a spare
     that is ready to take a vacant rank number and hand it the live state."""
     comm = runtime.current("BroadcastGlobalVariablesCallback")
@@ -84,13 +91,14 @@ def adopt_at_epoch_start(model, epoch):
     return None  # not ready yet: the next epoch's start looks again
 
 
-def state_root(comm, event):
+def state_root(comm: "ResilientComm", event: "MembershipEvent") -> int:
     """The rank that sends the live state: the first one that did not just join (a
     spare may have taken rank 0's place)."""
     return next(r for r, i in enumerate(comm.ids) if i not in event.gained)
 
 
-def _rehearse(model, fit, arguments, comm):
+def _rehearse(model: Any, fit: Callable[..., Any], arguments: dict[str, Any],
+              comm: "ResilientComm") -> None:
     """One step alone on the first batch of ``fit``'s data, to compile before joining."""
     x, y = arguments.get("x"), arguments.get("y")
     size = arguments.get("batch_size") or 32
@@ -103,7 +111,7 @@ def _rehearse(model, fit, arguments, comm):
     rehearse(comm, functools.partial(fit, model), **data)
 
 
-def rehearse(comm, fit, **data):
+def rehearse(comm: "ResilientComm", fit: Callable[..., Any], **data: Any) -> None:
     """``fit(**data)`` for one step, its collectives on this process alone
     (``comm.rehearsal()``): a joiner compiles its training function before it joins,
     so that nobody waits for that.  Only a head start: a failure is said, not raised."""

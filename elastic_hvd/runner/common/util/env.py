@@ -11,7 +11,7 @@ from ....horovod_alias import not_provided
 __getattr__ = not_provided("horovod.runner.common.util.env")
 
 
-def get_env_rank_and_size():
+def get_env_rank_and_size() -> tuple[int, int]:
     """``(rank, size)`` of this process as the launcher set them in the environment
     (Horovod's, then Open MPI's, then PMI's variables), ``(0, 1)`` without any: the
     launch rank, which a job that lost or added ranks no longer has (ask ``hvd.rank()``)."""
