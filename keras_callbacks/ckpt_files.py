@@ -71,12 +71,13 @@ class CheckpointFiles:
         if not isinstance(meta, dict) or not isinstance(meta.get("older", []), list):
             raise ValueError(f"{self.meta_path}: not checkpoint metadata")
         newest = {k: v for k, v in meta.items() if k != "older"}
-        if "files" not in newest:  # written before this protocol: one checkpoint
-            newest["files"] = [meta[k] for k in ("weights", "optimizer") if meta.get(k)]
         entries = [newest, *meta.get("older", [])]
         for entry in entries:
             files = entry.get("files") if isinstance(entry, dict) else None
-            if not isinstance(files, list) or not all(map(_plain_name, files)):
+            if not isinstance(files, list):
+                raise ValueError(f"{self.meta_path}: a checkpoint without its list of files "
+                                 "(not this layout: written by another version?)")
+            if not all(map(_plain_name, files)):
                 raise ValueError(f"{self.meta_path}: a checkpoint's files are not plain file "
                                  f"names in the directory: {files!r}")
         return entries
