@@ -2,8 +2,10 @@
 
 Every rank's ``import tensorflow`` prints, before any line of the program, absl's
 ``WARNING: All log messages before absl::InitializeLog() is called are written
-to STDERR`` and (x86 CPUs) ``I0000 ... port.cc:153] oneDNN custom operations are
-on ...`` -- twice per process: 16 lines on 4 ranks.  ``TF_CPP_MIN_LOG_LEVEL``
+to STDERR`` and an absl INFO line: on x86 CPUs that TF turns oneDNN on for,
+``I0000 ... port.cc:153] oneDNN custom operations are on ...``; on others (an AMD
+EPYC without AVX-512), ``cpu_feature_guard.cc`` saying which instructions TF could
+use -- twice per process: 16 lines on 4 ranks.  ``TF_CPP_MIN_LOG_LEVEL``
 does not reach them (they come before TensorFlow reads it: measured with 1, 2
 and 3), and ``TF_ENABLE_ONEDNN_OPTS=0`` hides them only by turning oneDNN's
 kernels off, which changes speed and results.  So the launcher, which relays the
