@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 
 from . import reducer
-from .ops import ReduceOp, check_op, mpi_ops
+from .ops import ReduceOp, mpi_op
 from .reducer import contiguous, finish_reduce, reduce_input
 
 def _as_bytes(array: np.ndarray) -> np.ndarray:
@@ -131,13 +131,13 @@ class CollectivesMixin:
         row = int(np.prod(x.shape[1:], dtype=np.int64))
 
         def attempt(comm: Any) -> tuple[np.ndarray, int]:
-            mpi_op = mpi_ops(self.MPI)[check_op(op)]
+            reduction = mpi_op(self.MPI, op)
             if x.ndim == 0:
                 raise ValueError("reducescatter needs an array with at least one dimension")
             send = reduce_input(x, prescale_factor)
             rows = even_splits(x.shape[0], comm.size)
             result = np.empty((rows[comm.rank],) + x.shape[1:], dtype=send.dtype)
-            comm.Reduce_scatter(send, result, [r * row for r in rows], op=mpi_op)
+            comm.Reduce_scatter(send, result, [r * row for r in rows], op=reduction)
             return result, comm.size
 
         result, size = self.run(signature, attempt)

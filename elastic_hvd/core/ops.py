@@ -27,10 +27,21 @@ Average, Sum, Adasum, Min, Max, Product = (
     ReduceOp.AVERAGE, ReduceOp.SUM, ReduceOp.ADASUM, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT)
 
 
+#: The name in mpi4py's ``MPI`` of each ReduceOp's operation (Average is a Sum followed
+#: by a division; no Adasum).
+_MPI_NAMES = {ReduceOp.AVERAGE: "SUM", ReduceOp.SUM: "SUM", ReduceOp.MIN: "MIN",
+              ReduceOp.MAX: "MAX", ReduceOp.PRODUCT: "PROD"}
+
+
 def mpi_ops(MPI: Any) -> dict[ReduceOp, Any]:
-    """{ReduceOp: MPI.Op} (Average is a Sum followed by a division; no Adasum)."""
-    return {ReduceOp.AVERAGE: MPI.SUM, ReduceOp.SUM: MPI.SUM, ReduceOp.MIN: MPI.MIN,
-            ReduceOp.MAX: MPI.MAX, ReduceOp.PRODUCT: MPI.PROD}
+    """{ReduceOp: MPI.Op}."""
+    return {op: getattr(MPI, name) for op, name in _MPI_NAMES.items()}
+
+
+def mpi_op(MPI: Any, op: int) -> Any:
+    """The MPI.Op of ``op`` (checked as :func:`check_op` does), without building the
+    table: a reduction asks for it on every call."""
+    return getattr(MPI, _MPI_NAMES[check_op(op)])
 
 
 def check_op(op: int) -> ReduceOp:

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from . import config, process
-from .ops import ReduceOp, check_op, mpi_ops
+from .ops import ReduceOp, mpi_op
 
 #: Bytes: TF shares a result's memory without a copy only when it is 64-byte aligned.
 ALIGN = 64
@@ -128,7 +128,7 @@ def allreduce(comm: Any, array: np.ndarray, op: int = ReduceOp.SUM, prescale_fac
 
     def attempt(mpi_comm: Any) -> tuple[np.ndarray, float]:
         # validation happens here, once ranks agree on the call
-        mpi_op = mpi_ops(comm.MPI)[check_op(op)]
+        reduction = mpi_op(comm.MPI, op)
         send = reduce_input(x, prescale_factor)
         if out is not None and (out.shape != x.shape or out.dtype != x.dtype):
             raise ValueError(f"out has shape {out.shape} and dtype {out.dtype}; "
@@ -138,7 +138,7 @@ def allreduce(comm: Any, array: np.ndarray, op: int = ReduceOp.SUM, prescale_fac
         # float32/float64 are scaled piece by piece while in cache; the others need
         # their own rounding (_scale), done once the sum is complete.
         in_pieces = factor != 1.0 and target.dtype == x.dtype and x.dtype.kind == "f"
-        _allreduce_pieces(mpi_comm, send, target, mpi_op,
+        _allreduce_pieces(mpi_comm, send, target, reduction,
                           target.dtype.type(factor) if in_pieces else None, pieces)
         return target, 1.0 if in_pieces else factor
 
