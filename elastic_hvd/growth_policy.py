@@ -30,10 +30,12 @@ class GrowthPolicy:
     the death of one kills its siblings (measured here).  A spawned job of one
     process loses nobody else.
 
-    ``spares``: the job has hot spares (:mod:`.core.spares`): a lost rank is replaced by
-    a ready spare first, back up to the size the job started with; when none is left,
-    by a spawned process if ``respawn``.
-    ``respawn``: replace lost ranks, back up to the size the job started with.
+    ``spares``: the job's number of hot spares (:mod:`.core.spares`): a lost rank is
+    replaced by a ready spare first, back up to the size the job started with; when
+    none is left, by a spawned process if ``respawn``.
+    ``respawn``: replace lost ranks, back up to the size the job started with; with
+    ``spares``, also refill the pool once the job is back to that size: a spawned
+    process waits as a spare, so that the next loss costs no start-up either.
     ``max_np`` + ``discover`` (a callable returning ``{host: slots}``, run on rank 0
     in a background thread every ``interval`` seconds): add ranks while slots are
     free, up to ``max_np``.  The discovered target reaches the other ranks through
@@ -45,7 +47,7 @@ class GrowthPolicy:
     def __init__(self, respawn: bool = False, max_np: int | None = None,
                  discover: Callable[[], dict[str, int]] | None = None, interval: float = 5.0,
                  check_every: int = 10, retry_steps: int = 20, max_failures: int = 3,
-                 spares: bool = False) -> None:
+                 spares: int = 0) -> None:
         self.respawn, self.max_np, self.discover = respawn, max_np, discover
         self.spares = spares
         self.interval, self.check_every, self.retry_steps = interval, check_every, retry_steps
@@ -70,7 +72,7 @@ class GrowthPolicy:
             discover = lambda: read_hostfile(hostfile)  # noqa: E731
         return cls(respawn=settings.respawn, max_np=settings.max_np, discover=discover,
                    interval=settings.discovery_interval,
-                   check_every=settings.discovery_check_every, spares=settings.spares > 0)
+                   check_every=settings.discovery_check_every, spares=settings.spares)
 
     def __bool__(self) -> bool:
         return bool(self.respawn or self.spares or (self.max_np and self.discover))
@@ -108,6 +110,9 @@ class GrowthPolicy:
             return None
         count, hosts = self.wanted(comm)
         if count <= 0:
+            if self.respawn and comm.spares_left < self.spares and not comm.spares_in_place \
+                    and not comm.spawn_spare(self.lost_hosts(comm)[:1]):
+                self._failed()
             return None
         if self.spares and comm.spares_left:
             comm.adopt_spare(self.lost_hosts(comm))  # none ready yet: the next step tries again

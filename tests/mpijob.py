@@ -5,6 +5,7 @@ session and every descendant is killed, so a hang fails the test instead of
 stalling CI, and no mpirun/prted/python is left over.
 """
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -91,6 +92,16 @@ def job_ranks(marker, host=None):
         if rank:
             ranks[int(rank[0].split(b"=")[1])] = pid
     return ranks
+
+
+def spawned_processes(marker):
+    """PIDs of the job's processes that Open MPI spawned (they run the join wrapper)."""
+    pids = []
+    for pid in job_processes(marker):
+        with contextlib.suppress(OSError), open(f"/proc/{pid}/cmdline", "rb") as f:
+            if b"elastic_hvd.runner.join" in f.read().split(b"\0"):
+                pids.append(pid)
+    return pids
 
 
 def kill_tree(proc, marker=None):

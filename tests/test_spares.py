@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from mpijob import assert_same_weights_every_step, job_ranks, run_job
+from mpijob import assert_same_weights_every_step, job_ranks, run_job, spawned_processes
 from test_growth import STEPS, grow, grown
 
 pytestmark = pytest.mark.multirank
@@ -93,12 +93,56 @@ def test_two_losses_and_one_spare_then_the_job_shrinks(tmp_path):
     assert ids == [0, 3, 4]
 
 
-def test_spares_used_up_then_respawn_refills(tmp_path):
+RELEASED = "a hot spare, exits without joining: training ended without needing it"
+
+
+def test_respawn_refills_the_pool_with_a_spawned_spare(tmp_path):
+    # The spare replaces rank 1; --respawn then spawns a process that waits as a spare,
+    # and it replaces rank 2 at the next step boundaries as the first did (before, a
+    # process was spawned only after the second loss, and the ranks waited in the spawn
+    # then).  The pool is refilled again after that; the end releases it.
     job, results, ids, history = run(tmp_path, 4, 1, faults="rank=1,step=10;rank=2,step=60",
                                      launcher=["--respawn"])
     assert job.returncode == 0
     assert history == [([1], []), ([], [4]), ([2], []), ([], [5])]
     assert ids == [0, 3, 4, 5]
+    sizes = results[0]["sizes"]
+    assert sizes.count(3) <= 6, sizes  # each loss covered within a few steps
+    assert results[5]["before_join"] == {"original_id": None, "ids": []}
+    assert results[5]["waiting_as"] == [4, 5]  # waiting, like any spare: never rank 0
+    assert job.output.count(RELEASED) == 1, job.output[-4000:]
+
+
+def test_a_spawned_spare_killed_while_waiting_is_not_counted(tmp_path):
+    # From outside: world rank 1 is killed, the spare replaces it, the pool is refilled
+    # by a spawned spare -- which is SIGKILLed while it waits; then world rank 2 is
+    # killed.  The dead spare is no event and nobody waits for it: the ranks find it
+    # dead when they need it and spawn a replacement (4 ranks again), totals exact.
+    killed = []
+
+    def watch(out, marker):
+        deadline = time.monotonic() + 60
+        while len(list(out.glob("started-*"))) < 5 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(job_ranks(marker)[1], signal.SIGKILL)
+        while not spawned_processes(marker) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        spare = spawned_processes(marker)[0]
+        while not (out / f"started-{spare}").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5 + random.uniform(0, 0.05))  # waiting, at the growth point
+        os.kill(spare, signal.SIGKILL)
+        killed.append(spare)
+        time.sleep(0.5)
+        os.kill(job_ranks(marker)[2], signal.SIGKILL)
+
+    job = run_job("growth_scenarios.py", 3 * STEPS, np=4, launcher=["--spares", "1", "--respawn"],
+                  tmp_path=tmp_path, timeout=180, expect_rc=None, watcher=watch)
+    results, ids = grown(job)
+    assert killed, job.output[-4000:]
+    assert shared_history(results, ids) == [([1], []), ([], [4]), ([2], []), ([], [5])]
+    assert ids == [0, 3, 4, 5]
+    assert results[5]["pid"] != killed[0]
 
 
 #: The lines of a process that Open MPI 5.0.11 left unable to make communicators: a

@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 import numpy as np
 
-from . import faults, heartbeat, mpi_env, spares
+from . import config, faults, heartbeat, mpi_env, spares
 from .errors import ElasticHvdError
 from .membership import MembershipEvent
 from .spawn import MergeCall, SpawnCall, spawn_timeout
@@ -226,9 +226,10 @@ class Growth:
     ``invitation``: in a process spawned into a running job, its :class:`Invitation`
     (see :mod:`elastic_hvd.runner.join`); in a hot spare, its
     :class:`.spares.SpareInvitation`.  The process is a *joiner* until :meth:`join`.
-    ``pool``: the spares not adopted yet, ``[(world rank, host)]`` (see :mod:`.spares`),
-    the same on every rank.  ``in_place``: the job's spares take a lost rank's number
-    (its *slot*: the rank a plain script believes it has, see :mod:`.spares`).
+    ``pool``: the spares not adopted yet, ``[(key, host)]`` (see :mod:`.spares`), the
+    same on every rank; the key is a spare's world rank, or for a spawned spare the
+    negative number of its spawn.  ``in_place``: the job's spares take a lost rank's
+    number (its *slot*: the rank a plain script believes it has, see :mod:`.spares`).
     """
 
     def __init__(self, comm: "ResilientComm",
@@ -250,7 +251,9 @@ class Growth:
         self.next_id = None if invitation is not None else comm.initial_size  # the next joiner's
         self.pool = list(pool)
         #: A process of mpirun's own job (a spawned one has a world of its own).
-        self.in_world = not isinstance(invitation, Invitation)
+        self.in_world = getattr(invitation, "in_world", not isinstance(invitation, Invitation))
+        #: Spawned spares this rank spawned: key -> the communicator merged with it.
+        self.channels: dict[int, Any] = {}
         self._ready_spares: dict[int, int]
         self._ready_spares = {}  # spares that told this rank they are ready -> slot (-1: none)
 
@@ -290,67 +293,128 @@ class Growth:
         call = SpawnCall(self.comm, count, hosts, oversubscribe, faults.for_joiner(self.spawns))
         return self._start_join(call, count, started, events, f"spawning {count} process(es)")
 
+    def spawn_spare(self, hosts: Sequence[str] = ()) -> bool:
+        """Start one process that waits as a hot spare (collective): it refills the
+        pool once a spare was adopted (``--spares K --respawn``, see :mod:`.spares`).
+        True if it is on its way; never in a job whose spares take a lost rank's
+        number (a plain script's spares wait in ``init()`` for a claim on the world)."""
+        if self._pending is not None or self.in_place:
+            return False
+        events = len(self.comm.events)
+        self.spawns += 1
+        extra = {**faults.for_joiner(self.spawns), config.env("spawned_spare"): "1"}
+        call = SpawnCall(self.comm, 1, hosts, None, extra)
+        merged = self._agreed_merge(call, events, "spawning a hot spare")
+        if merged is None:
+            return False
+        key = -self.spawns
+        self.channels[key] = merged
+        self.pool.append((key, hosts[0] if hosts else ""))
+        return True
+
     def _start_join(self, call: MergeCall, count: int, started: float, events: int, what: str,
                     slot: int | None = None, spare: int | None = None) -> bool:
         """Wait for ``call`` (a :class:`.spawn.MergeCall`) and agree on its outcome:
         True with the join pending, or False with its communicators revoked."""
+        merged = self._agreed_merge(call, events, what)
+        if merged is None:
+            return False
+        self._pending = _Pending(merged, count, events, started, slot, spare)
+        return True
+
+    def _agreed_merge(self, call: MergeCall, events: int, what: str) -> Any:
+        """Wait for ``call`` and agree on its outcome: the merged communicator, or None
+        with its communicators revoked (and rank 0 saying why)."""
         comm = self.comm
         merged, error = call.result(spawn_timeout())
         # Done on every rank, and nobody lost meanwhile (``merged`` would hold the dead)?
         if comm.agree(1 if merged is not None else 0) == 1 and len(comm.events) == events:
-            self._pending = _Pending(merged, count, events, started, slot, spare)
-            return True
+            return merged
         if merged is not None:
             comm.revoke(merged)  # the joiners waiting on it give up
             comm.retire(merged)
         if error is not None and comm.rank == 0:
             why = error.Get_error_string() if isinstance(error, comm.MPI.Exception) else error
             print(f"elastic_hvd: {what} failed: {why}", file=sys.stderr, flush=True)
-        return False
+        return None
 
     def adopt_spare(self, avoid_hosts: Collection[str] = ()) -> bool:
         """Connect a ready hot spare (collective, at a step boundary): True if it is on
         its way (a join is pending, as after :meth:`spawn`).  The pool loses the
-        spares any rank knows to have failed; the spare chosen is the first ready one
-        on a host not in ``avoid_hosts`` (a lost rank's host: its loss may take the
-        host's spares too), else the first ready one -- in an in-place job, the ready
-        claimed spare of the lowest vacant slot.  See :mod:`.spares`."""
+        spares any rank knows to have failed, and the spawned ones no live rank holds
+        a channel to; the spare chosen is the first ready one on a host not in
+        ``avoid_hosts`` (a lost rank's host: its loss may take the host's spares too),
+        else the first ready one -- in an in-place job, the ready claimed spare of the
+        lowest vacant slot.  See :mod:`.spares`."""
         if self._pending is not None or not self.pool:
             return False
         comm, MPI = self.comm, self.comm.MPI
         started, events = time.perf_counter(), len(comm.events)
-        mine: tuple[int, list[tuple[int, int]], list[int]] = (-1, [], [])
+        failed: set[int] = set()
         if self.in_world:
-            while (message := spares.receive(MPI, MPI.COMM_WORLD, spares.READY, 4)) is not None:
-                if message[1] is not None:  # a dead one is in ``failed`` below
-                    self._ready_spares[message[0]] = int(np.frombuffer(message[1], np.int32)[0])
-            failed = spares.failed_world_ranks(MPI)
-            mine = (MPI.COMM_WORLD.rank, sorted(self._ready_spares.items()),
-                    sorted(w for w, _ in self.pool if w in failed))
+            self._take_ready(MPI.COMM_WORLD)
+            failed = spares.failed_ranks(MPI) & {w for w, _ in self.pool if w >= 0}
+        for key, channel in self.channels.items():
+            self._take_ready(channel, key)
+            if channel.size - 1 in spares.failed_ranks(MPI, channel):
+                failed.add(key)
+        mine = (MPI.COMM_WORLD.rank if self.in_world else -1, sorted(self._ready_spares.items()),
+                sorted(failed), sorted(self.channels))
         with comm.folded(JOIN_LABEL):
             everyone = comm.allgather_object(mine)
         if len(comm.events) != events:
             return False
-        failed = {w for _, _, dead in everyone for w in dead}
-        ready = {w: slot for _, known, _ in everyone for w, slot in known}
-        self.pool = [(w, host) for w, host in self.pool if w not in failed]
-        worlds = [w for w, _, _ in everyone]
+        failed = {w for _, _, dead, _ in everyone for w in dead}
+        held = {key for _, _, _, keys in everyone for key in keys}
+        ready = {w: slot for _, known, _, _ in everyone for w, slot in known}
+        self.pool = [(w, host) for w, host in self.pool
+                     if w not in failed and (w >= 0 or w in held)]
+        for key in set(self.channels) - {w for w, _ in self.pool}:
+            comm.retire(self.channels.pop(key))  # it failed
+        worlds = [w for w, _, _, _ in everyone]
         if self.in_place:
             vacant = self.vacant_slots()
             claimed = sorted((ready[w], w) for w, _ in self.pool if ready.get(w) in vacant)
             slot, spare = claimed[0] if claimed else (None, None)
         else:
-            candidates = [(w, host) for w, host in self.pool if ready.get(w) == -1]
+            candidates = [(w, host) for w, host in self.pool if ready.get(w) == -1
+                          and (w < 0 or max(worlds) >= 0)]
             slot, spare = None, next((w for w, host in candidates if host not in avoid_hosts),
                                      candidates[0][0] if candidates else None)
-        if spare is None or max(worlds) < 0:
+        if spare is None or (spare >= 0 and max(worlds) < 0):
             return False
-        root = worlds.index(min(w for w in worlds if w >= 0))
-        call = spares.AdoptCall(comm, root, spare)
+        if spare >= 0:  # the lowest training rank of the world sends the port
+            root, channel, rank = worlds.index(min(w for w in worlds if w >= 0)), \
+                MPI.COMM_WORLD, spare
+        else:  # a rank that spawned it
+            root = next(i for i, (_, _, _, keys) in enumerate(everyone) if spare in keys)
+            channel = self.channels.get(spare)
+            rank = channel.size - 1 if channel is not None else -1
+        call = spares.AdoptCall(comm, root, rank, channel)
         # The spare stays in the pool until the join commits: a join given up sends
-        # it back to waiting, ready for the next adoption (see poll()).
-        return self._start_join(call, 1, started, events,
-                                f"adopting the spare (world rank {spare})", slot, spare)
+        # it back to waiting, ready for the next adoption (see poll()) -- except a
+        # spawned one: Open MPI's detector never finds a frozen spawned process dead
+        # (docs/openmpi-quirks.md), so one whose adoption failed could cost every later try
+        # the whole spawn timeout.  Its channel is revoked, which sends it away.
+        if self._start_join(call, 1, started, events,
+                            f"adopting the spare ({_spare_name(spare)})", slot, spare):
+            return True
+        if spare < 0:
+            self.pool = [(w, host) for w, host in self.pool if w != spare]
+            if (given_up := self.channels.pop(spare, None)) is not None:
+                comm.revoke(given_up)
+                comm.retire(given_up)
+        return False
+
+    def _take_ready(self, channel: Any, key: int | None = None) -> None:
+        """Note the spares that said on ``channel`` that they are ready (``key``: the
+        pool's key of the spawned spare it leads to; None: the world's, whose key is
+        the sender's rank)."""
+        MPI = self.comm.MPI
+        while (message := spares.receive(MPI, channel, spares.READY, 4)) is not None:
+            if message[1] is not None:  # a dead one is found failed by the caller
+                slot = int(np.frombuffer(message[1], np.int32)[0])
+                self._ready_spares[message[0] if key is None else key] = slot
 
     def claim_spares(self) -> None:
         """Rank 0 of an in-place job, after each commit (local, no collective): give
@@ -365,7 +429,7 @@ class Growth:
         if not vacant:  # the usual case: a few set operations per step
             self._claims.clear()
             return
-        failed = spares.failed_world_ranks(comm.MPI)
+        failed = spares.failed_ranks(comm.MPI)
         pool = {w: host for w, host in self.pool if w not in failed}
         self._claims = {w: c for w, c in self._claims.items() if w in pool and c[0] in vacant}
         claimed = {slot for slot, _ in self._claims.values()}
@@ -385,9 +449,15 @@ class Growth:
                       "once ready", file=sys.stderr, flush=True)
 
     def release_spares(self) -> None:
-        """At the job's end: the spares not adopted may go (world processes tell them)."""
-        if self.in_world and self.pool and not self.joining:
-            spares.release(self.comm.MPI, self.pool)
+        """At the job's end: the spares not adopted may go (world processes tell the
+        world's, the ranks that spawned a spare tell it)."""
+        if self.joining:
+            return
+        MPI = self.comm.MPI
+        targets = [(MPI.COMM_WORLD, w) for w, _ in self.pool if w >= 0] if self.in_world else []
+        targets += [(channel, channel.size - 1) for channel in self.channels.values()]
+        if targets:
+            spares.release(MPI, targets)
 
     def poll(self) -> MembershipEvent | None:
         """At a step boundary (collective while a join is pending): adopt the joiners
@@ -424,6 +494,8 @@ class Growth:
             return None
         self._pending = None
         self.pool = [(w, host) for w, host in self.pool if w != pending.spare]
+        if pending.spare in self.channels:
+            comm.retire(self.channels.pop(pending.spare))
         old_ids = list(comm.ids)
         next_id = cast(int, self.next_id)  # None only in a joiner, which never gets here
         new_ids = list(range(next_id, next_id + pending.count))
@@ -492,6 +564,7 @@ class Growth:
                 comm.revoke(c)
                 comm.retire(c)
             return None
+        self._invitation.close()
         self._invitation = None
         comm.replace(adopted, book["ids"])  # retires the merged communicator
         comm.load_book(book["comm"])
@@ -530,6 +603,11 @@ def _minimum(MPI: Any, comm: Any, value: int) -> int:
     buffer = np.array([value], dtype=np.intc)
     comm.Allreduce(MPI.IN_PLACE, buffer, op=MPI.MIN)
     return int(buffer[0])
+
+
+def _spare_name(key: int) -> str:
+    """How a line names the spare of pool key ``key``."""
+    return f"world rank {key}" if key >= 0 else f"spawned spare {-key}"
 
 
 _GIVEN_UP_BECAUSE = "the running job gave it up before adopting it: "

@@ -43,6 +43,12 @@ class JoiningMixin:
         with self._in_mpi():
             return self._growth.spawn(count, hosts, oversubscribe)
 
+    def spawn_spare(self, hosts: Sequence[str] = ()) -> bool:
+        """Start a process that waits as a hot spare (collective); True if it is on its
+        way.  See :meth:`.growth.Growth.spawn_spare`."""
+        with self._in_mpi():
+            return self._growth.spawn_spare(hosts)
+
     def poll_join(self) -> MembershipEvent | None:
         """At a step boundary (collective while a join is pending): adopt the spawned
         processes if they are all ready; returns the growth event then, else None."""

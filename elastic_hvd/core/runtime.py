@@ -31,14 +31,18 @@ _ExceptHook = Callable[[type[BaseException], BaseException, TracebackType | None
 def set_parent(MPI: Any, merged: Any) -> None:
     """Hand a spawned process's communicator merged with the running job to core
     (watched from now on, see :class:`.growth.Invitation`): the next :func:`init`
-    starts this process as a joiner with it.
+    starts this process as a joiner with it -- or as a hot spare whose channel it
+    is, when the job spawned it to refill its pool (see :mod:`.spares`).
 
     Why a hand-over point: the merge must happen before the program runs (the
     running ranks wait inside ``MPI_Comm_spawn`` until it is done, while the
     program would first import TensorFlow), so the join wrapper
     (``elastic_hvd.runner.join``) makes it; and core never imports the runner.
     """
-    process.runtime().invitation = Invitation(MPI, merged)
+    spare = config.read("spawned_spare")
+    os.environ.pop(config.env("spawned_spare"), None)  # not for the processes it spawns
+    process.runtime().invitation = (SpareInvitation(MPI, merged.size - 1, channel=merged)
+                                    if spare else Invitation(MPI, merged))
 
 
 def init(comm: Any = None, *, min_np: int | None = None,

@@ -41,6 +41,15 @@ Waiting costs nothing: one ``MPI_Iprobe`` every :data:`POLL` seconds (measured:
 0.2 % of a core), while the heartbeat's native loop keeps the detector fed.  A
 spare also leaves once every training rank of the world is gone: nobody could
 adopt or release it then.
+
+**Spawned spares refill the pool** (``--spares K --respawn``): once a spare has
+replaced a lost rank, the training ranks spawn a process that waits as a spare
+(:meth:`.growth.Growth.spawn_spare`), so that the next loss too costs a step, not a
+start-up.  It has a world of its own, so its messages (ready, adopt, release) travel
+on the communicator merged with the ranks that spawned it, its *channel*, instead of
+``MPI_COMM_WORLD``; the pool names it by a negative key.  Only the ranks that spawned
+it hold that channel: one of them sends it the port, and once all of them are gone
+nobody can adopt it -- it leaves, and the pool drops it.
 """
 
 import socket
@@ -60,8 +69,9 @@ if TYPE_CHECKING:
 
 #: Seconds between two looks for a message while a spare waits.
 POLL = 0.05
-#: Tags on MPI_COMM_WORLD: a spare's "ready" (with the slot it takes, -1 for none), the
-#: training ranks' "adopt", "release" and "claim" (slot, size).
+#: Tags on a spare's channel (``MPI_COMM_WORLD``, or a spawned spare's merged communicator):
+#: its "ready" (with the slot it takes, -1 for none), the training ranks' "adopt", "release"
+#: and "claim" (slot, size).
 READY, ADOPT, RELEASE, CLAIM = 32001, 32002, 32003, 32004
 
 
@@ -111,13 +121,17 @@ def receive(MPI: Any, comm: Any, tag: int, size: int = 1) -> tuple[int, bytes | 
     return status.Get_source(), bytes(buffer[:status.Get_count(MPI.BYTE)])
 
 
-def failed_world_ranks(MPI: Any) -> set[int]:
-    """World ranks this process knows to have failed (local)."""
-    world = MPI.COMM_WORLD
+def failed_ranks(MPI: Any, comm: Any = None) -> set[int]:
+    """Ranks of ``comm`` (default ``MPI_COMM_WORLD``) this process knows to have
+    failed (local).  A revoked ``comm`` counts as all failed but this process: nobody
+    sends on it any more."""
+    comm = MPI.COMM_WORLD if comm is None else comm
     MPI.COMM_SELF.Iprobe()  # progress: the runtime's news of a death arrives through it
-    failed = world.Get_failed()
+    if comm.Is_revoked():
+        return set(range(comm.size)) - {comm.rank}
+    failed = comm.Get_failed()
     try:
-        return set(failed.Translate_ranks(list(range(failed.Get_size())), world.Get_group()))
+        return set(failed.Translate_ranks(list(range(failed.Get_size())), comm.Get_group()))
     finally:
         failed.Free()
 
@@ -125,10 +139,15 @@ def failed_world_ranks(MPI: Any) -> set[int]:
 class SpareInvitation:
     """A spare's link to the training ranks until it joins (see the module doc).
     ``comm`` stands for the live communicator meanwhile; ``initial_size`` is the
-    number of training ranks."""
+    number of training ranks.  ``channel``: a spawned spare's communicator merged
+    with the ranks that spawned it (they are its ranks 0..size-2); None for a spare
+    of the world, whose ranks 0..``trainers``-1 train."""
 
-    def __init__(self, MPI: Any, trainers: int) -> None:
+    def __init__(self, MPI: Any, trainers: int, channel: Any = None) -> None:
         self.MPI, self.comm, self.initial_size = MPI, MPI.COMM_SELF, trainers
+        #: A process of mpirun's own job (a spawned spare has a world of its own).
+        self.in_world = channel is None
+        self._channel = MPI.COMM_WORLD if channel is None else channel
         #: The lost rank's number this spare takes (a claimed spare), else None.
         self.slot: int | None = None
         self._sends: list[Any] | None = None
@@ -145,15 +164,15 @@ class SpareInvitation:
     def wait(self, leave: Callable[[str], NoReturn]) -> str:
         """Until adopted; returns the port name to connect to.  Calls ``leave(why)``
         (which never returns) when released or when no training rank is left."""
-        MPI, world = self.MPI, self.MPI.COMM_WORLD
+        MPI, channel = self.MPI, self._channel
         if self._sends is None:  # once: a spare stays ready after a broken adoption
             self._sends = []
             ready = np.array([-1 if self.slot is None else self.slot], np.int32)
-            for w in range(world.size):  # trainers, and spares adopted since (not waiting ones:
-                if w == world.rank:      # they never look at this tag)
+            for r in range(channel.size):  # trainers, and world spares adopted since (not
+                if r == channel.rank:      # waiting ones: they never look at this tag)
                     continue
                 try:
-                    self._sends.append(world.Isend(ready, w, READY))
+                    self._sends.append(channel.Isend(ready, r, READY))
                 except MPI.Exception:
                     pass  # a rank that died
         while True:
@@ -164,14 +183,15 @@ class SpareInvitation:
     def _look(self, leave: Callable[[str], NoReturn], tag: int, size: int) -> bytes | None:
         """One look for a message with ``tag`` (its bytes, or None after a pause);
         leaves when released or when no training rank is left."""
-        MPI, world = self.MPI, self.MPI.COMM_WORLD
-        if receive(MPI, world, RELEASE) is not None:
+        MPI, channel = self.MPI, self._channel
+        if receive(MPI, channel, RELEASE) is not None:
             leave("training ended without needing it")
-        message = receive(MPI, world, tag, size)
+        message = receive(MPI, channel, tag, size)
         if message is not None and message[1] is not None:
             return message[1]
-        if set(range(self.initial_size)) <= failed_world_ranks(MPI):
-            leave("every training rank of the job is gone")
+        if set(range(self.initial_size)) <= failed_ranks(MPI, channel):
+            leave("every training rank of the job is gone" if self.in_world else
+                  "every rank that spawned it is gone (no other can adopt it)")
         time.sleep(POLL)
         return None
 
@@ -181,9 +201,10 @@ class SpareInvitation:
         inter = MPI.COMM_SELF.Connect(port)
         inter.Set_errhandler(MPI.ERRORS_RETURN)
         adopters = set(inter.Get_remote_group().Translate_ranks(
-            list(range(inter.Get_remote_size())), MPI.COMM_WORLD.Get_group()))
+            list(range(inter.Get_remote_size())), self._channel.Get_group())) - {MPI.UNDEFINED}
         stop = threading.Event()
-        threading.Thread(target=_leave_if_broken_off, args=(MPI, inter, adopters, stop),
+        threading.Thread(target=_leave_if_broken_off,
+                         args=(MPI, inter, adopters, self._channel, stop),
                          name="elastic_hvd-merge-watch", daemon=True).start()
         try:
             merged = inter.Merge(high=True)
@@ -195,10 +216,14 @@ class SpareInvitation:
         return merged
 
     def close(self) -> None:
-        """Nothing to watch (the interface of :class:`.growth.Invitation`)."""
+        """Done with the channel (joined, or leaving); nothing is watched (the
+        interface of :class:`.growth.Invitation`)."""
+        if not self.in_world and self._channel is not None:
+            retire(self._channel)
+            self._channel = None
 
 
-def _leave_if_broken_off(MPI: Any, inter: Any, adopters: set[int],
+def _leave_if_broken_off(MPI: Any, inter: Any, adopters: set[int], channel: Any,
                          stop: threading.Event) -> None:
     """While a spare merges with the ranks that adopt it: if one of them dies, or
     they give the adoption up (they revoke), Open MPI 5.0.11's merge never returns
@@ -206,7 +231,7 @@ def _leave_if_broken_off(MPI: Any, inter: Any, adopters: set[int],
     :meth:`.spawn.MergeCall._end_if_broken`); the spare then leaves as a crash rather
     than spin in the merge for ever."""
     while not stop.wait(POLL):
-        if (adopters & failed_world_ranks(MPI) or inter.Is_revoked()) \
+        if (adopters & failed_ranks(MPI, channel) or inter.Is_revoked()) \
                 and not stop.wait(BROKEN_GRACE):
             workarounds.used("merge_death_crash", "a hot spare's merge")
             end_as_crash("a hot spare: its merge with the ranks that adopt it broke off (one "
@@ -216,21 +241,22 @@ def _leave_if_broken_off(MPI: Any, inter: Any, adopters: set[int],
 
 class AdoptCall(MergeCall):
     """The training ranks' side of an adoption (collective): the live rank ``root``
-    (a world process) opens a port, sends its name to the spare of world rank
-    ``spare`` and accepts; every rank merges.  Given up, like a spawn, when a member
-    or the spare fails, or after ``spawn_timeout``."""
+    opens a port, sends its name to the spare and accepts; every rank merges.  The
+    spare is rank ``spare`` of ``channel`` (the root's: ``MPI_COMM_WORLD`` for a
+    spare of the world, the communicator merged with a spawned spare).  Given up,
+    like a spawn, when a member or the spare fails, or after ``spawn_timeout``."""
 
     _stuck_connect_breaks = True
 
-    def __init__(self, comm: "ResilientComm", root: int, spare: int) -> None:
+    def __init__(self, comm: "ResilientComm", root: int, spare: int, channel: Any) -> None:
         MPI = comm.MPI
         self._port: str | None
         unreachable: BaseException | None
-        self._spare, self._port, unreachable = spare, None, None
+        self._spare, self._channel, self._port, unreachable = spare, channel, None, None
         if comm.rank == root:
             self._port = MPI.Open_port()
             try:
-                MPI.COMM_WORLD.Send(bytearray(self._port.encode()), spare, ADOPT)
+                channel.Send(bytearray(self._port.encode()), spare, ADOPT)
             except MPI.Exception as exc:  # the spare died: fail the call (the others are
                 unreachable = exc         # freed from the accept by the revoke that follows)
 
@@ -241,9 +267,10 @@ class AdoptCall(MergeCall):
         super().__init__(comm, accept)
 
     def _partner_failed(self) -> bool:
-        # The root knows the spare's world rank before the accept ends.
+        # The root knows the spare's rank before the accept ends.
         return super()._partner_failed() or (
-            self._port is not None and self._spare in failed_world_ranks(self._owner.MPI))
+            self._port is not None
+            and self._spare in failed_ranks(self._owner.MPI, self._channel))
 
     def result(self, timeout: float) -> tuple[Any, BaseException | str | None]:
         try:
@@ -264,14 +291,13 @@ def claim(MPI: Any, spare: int, slot: int, size: int) -> Any:
         return None
 
 
-def release(MPI: Any, pool: Iterable[tuple[int, str]], deadline: float = 1.0) -> None:
-    """Tell every spare of ``pool`` that training ended (a world process's part of
-    the job's end); waits up to ``deadline`` seconds for the sends."""
-    world = MPI.COMM_WORLD
+def release(MPI: Any, spares: Iterable[tuple[Any, int]], deadline: float = 1.0) -> None:
+    """Tell every spare (``(channel, its rank there)``) that training ended (this
+    process's part of the job's end); waits up to ``deadline`` seconds for the sends."""
     sends = []
-    for w, _host in pool:
+    for channel, rank in spares:
         try:
-            sends.append(world.Isend(np.ones(1, np.int8), w, RELEASE))
+            sends.append(channel.Isend(np.ones(1, np.int8), rank, RELEASE))
         except MPI.Exception:
             pass  # a spare that died
     end = time.monotonic() + deadline
