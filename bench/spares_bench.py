@@ -74,7 +74,7 @@ def job(kind, out):
     extra = {"spares": ["--spares", "1"], "respawn": ["--respawn"], "shrink": [],
              "refill": ["--spares", "1", "--respawn"]}[kind]
     cmd = [RUN, "-np", "4", *extra, "python", os.path.join(ROOT, "bench", "spares_worker.py"),
-           "--out", out, "--steps", "600" if kind == "refill" else "200", "--epochs", "1"]
+           "--out", out, "--steps", "450" if kind == "refill" else "200", "--epochs", "1"]
     proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, JOB_MARKER: marker},
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
@@ -91,13 +91,13 @@ def job(kind, out):
             before, started = cpu_seconds(ranks[4]), time.monotonic()
             time.sleep(3.0)
             spare_cpu = (cpu_seconds(ranks[4]) - before) / (time.monotonic() - started)
-        victim = ranks[2]
+        victim, gone = ranks[2], set()
         if kind == "refill":
             first_kill = time.time()
             os.kill(victim, signal.SIGKILL)
             waiting_spawned_spare(marker, deadline)
-            victim = ranks[1]
-        old = set(glob.glob(os.path.join(out, "steps-*.txt"))) - {
+            victim, gone = ranks[1], {os.path.join(out, f"steps-{victim}.txt")}
+        old = set(glob.glob(os.path.join(out, "steps-*.txt"))) - gone - {
             os.path.join(out, f"steps-{victim}.txt")}
         killed = time.time()
         os.kill(victim, signal.SIGKILL)
@@ -107,7 +107,7 @@ def job(kind, out):
             os.killpg(proc.pid, signal.SIGKILL)
     if proc.returncode != 0:
         raise SystemExit(f"{kind}: exit {proc.returncode}\n{err[-3000:]}")
-    new = set(glob.glob(os.path.join(out, "steps-*.txt"))) - old - {
+    new = set(glob.glob(os.path.join(out, "steps-*.txt"))) - old - gone - {
         os.path.join(out, f"steps-{victim}.txt")}
     first = min((steps(p)[0][0] for p in new if steps(p)), default=None)
     row = {"spare_cpu": spare_cpu, "refill_over_median": None,
