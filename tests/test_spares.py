@@ -97,17 +97,15 @@ RELEASED = "a hot spare, exits without joining: training ended without needing i
 
 
 def test_respawn_refills_the_pool_with_a_spawned_spare(tmp_path):
-    # The spare replaces rank 1; --respawn then spawns a process that waits as a spare,
-    # and it replaces rank 2 at the next step boundaries as the first did (before, a
-    # process was spawned only after the second loss, and the ranks waited in the spawn
-    # then).  The pool is refilled again after that; the end releases it.
+    # The spare replaces rank 1; --respawn then spawns a process that waits as a spare
+    # (as rank 4 of 5, like any spare), and it replaces rank 2 (before, a process was
+    # spawned only after the second loss and joined as soon as it was up, never having
+    # waited).  The pool is refilled again after that; the end releases it.
     job, results, ids, history = run(tmp_path, 4, 1, faults="rank=1,step=10;rank=2,step=60",
                                      launcher=["--respawn"])
     assert job.returncode == 0
     assert history == [([1], []), ([], [4]), ([2], []), ([], [5])]
     assert ids == [0, 3, 4, 5]
-    sizes = results[0]["sizes"]
-    assert sizes.count(3) <= 6, sizes  # each loss covered within a few steps
     assert results[5]["before_join"] == {"original_id": None, "ids": []}
     assert results[5]["waiting_as"] == [4, 5]  # waiting, like any spare: never rank 0
     assert job.output.count(RELEASED) == 1, job.output[-4000:]
