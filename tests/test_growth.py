@@ -48,7 +48,20 @@ def grown(job, hosts=None):
     assert len({tuple(r["total"]) for r in results.values()}) == 1, "ranks disagree"
     for r in results.values():  # no step lost or repeated, joiners started from the live total
         assert r["total"][0] == r["expected"], (r["total"][0], r["expected"])
+    assert_every_departure_reported(results[final_ids[0]]["events"], final_ids)
     return results, final_ids
+
+
+def assert_every_departure_reported(events, final_ids):
+    """Every rank that was a member (the starting ones, and each one gained) and is not
+    among ``final_ids`` is the ``lost`` of exactly one event: a loss that no event
+    reports was announced to nobody and rescaled no learning rate."""
+    if not events:
+        return
+    members = set(range(events[0]["old_size"])) | {i for e in events for i in e["gained"]}
+    lost = sorted(i for e in events for i in e["lost"])
+    assert lost == sorted(members - set(final_ids)), ("a departure that no event reports",
+                                                      final_ids, events)
 
 
 def check_history(results, final_ids):

@@ -231,6 +231,21 @@ def test_a_plain_horovod_script_regains_its_size_with_a_spare(tmp_path):
     assert "no growth point" not in job.output
 
 
+def test_a_rank_lost_while_the_ranks_choose_a_spare_is_an_event_of_its_own(tmp_path):
+    # Rank 2 dies; rank 1 dies in its 11th collective: the exchange in which the ranks
+    # agree on the ready spares.  Its loss is an event of its own, announced and
+    # rescaled for (found by the soak: it was repaired silently, as if inside the join's
+    # last step, whose event reports such losses -- but no join followed that step
+    # alone, so no event ever reported rank 1, and the learning rate stayed that of
+    # one rank more until the end).
+    job, results, ids, history = run(tmp_path, 4, 1, faults="rank=2,step=10;rank=1,coll=11")
+    assert job.returncode == 0
+    assert ids == [0, 3, 4]
+    assert history == [([2], []), ([1], []), ([], [4])]
+    assert results[0]["events"][1]["during"] == "ElasticJoin"  # the moment the fault hit
+    assert "lost rank 1" in job.output
+
+
 def test_a_rank_lost_during_the_adoption_then_the_spare_is_adopted(tmp_path):
     # Rank 2 dies; while the others connect the spare, rank 1 dies between the accept
     # and the merge (fault moment spawn=1: adoption is a merge like a spawn).  The

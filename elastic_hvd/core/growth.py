@@ -360,8 +360,8 @@ class Growth:
                 failed.add(key)
         mine = (MPI.COMM_WORLD.rank if self.in_world else -1, sorted(self._ready_spares.items()),
                 sorted(failed), sorted(self.channels))
-        with comm.folded(JOIN_LABEL):
-            everyone = comm.allgather_object(mine)
+        with comm.labelled(JOIN_LABEL):  # a loss meanwhile is an event of its own (not
+            everyone = comm.allgather_object(mine)  # folded: no join event would report it)
         if len(comm.events) != events:
             return False
         failed = {w for _, _, dead, _ in everyone for w in dead}

@@ -120,15 +120,26 @@ class RepairMixin:
         return [e for *_, e in everyone]
 
     @contextlib.contextmanager
-    def folded(self, label: str) -> Iterator[None]:
-        """Collectives inside run under ``label``, and a repair inside records no event
-        of its own: the caller records one :meth:`record` for all of it, whose
-        ``lost`` says who was lost meanwhile (a join does)."""
-        saved, self.label, self._quiet = self.label, label, True
+    def labelled(self, label: str) -> Iterator[None]:
+        """Collectives inside run under ``label`` (the ``during`` of a repair's event)."""
+        saved, self.label = self.label, label
         try:
             yield
         finally:
-            self._quiet, self.label = False, saved
+            self.label = saved
+
+    @contextlib.contextmanager
+    def folded(self, label: str) -> Iterator[None]:
+        """Collectives inside run under ``label``, and a repair inside records no event
+        of its own: the caller must record one :meth:`record` for all of it, whose
+        ``lost`` says who was lost meanwhile (a join's last step does).  Anywhere else a
+        loss inside would go unreported: no announcement, no rescaled learning rate."""
+        with self.labelled(label):
+            self._quiet = True
+            try:
+                yield
+            finally:
+                self._quiet = False
 
     def record(self, event: MembershipEvent) -> None:
         """Append a membership event (the same on every rank) and announce it; raise
