@@ -57,7 +57,8 @@ SETTINGS = (
     Setting("fusion_threshold", "HOROVOD_FUSION_THRESHOLD", int, 128 << 20, 0,
             "bytes of gradients fused into one allreduce (Horovod's variable)"),
     Setting("respawn", "ELASTIC_HVD_RESPAWN", bool, False, None,
-            "replace lost ranks, back up to the starting size (--respawn)"),
+            "replace lost ranks, back up to the starting size; with spares, also refill the "
+            "pool with spawned spares (--respawn)"),
     Setting("spares", "ELASTIC_HVD_SPARES", int, 0, 0,
             "the last N processes of the job wait as hot spares that replace lost ranks at "
             "the next step boundary (--spares; with plain mpirun add them to -np)"),

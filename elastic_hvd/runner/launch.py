@@ -62,7 +62,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--min-np", type=int, help="fewest ranks the job may continue with")
     p.add_argument("--respawn", action="store_true",
                    help="replace lost ranks with new processes, back up to -np, while training "
-                        "goes on (needs keras_callbacks.ElasticGrowth or GrowthPolicy.step)")
+                        "goes on; with --spares, also spawn spares that refill the pool (needs "
+                        "keras_callbacks.ElasticGrowth or GrowthPolicy.step)")
     p.add_argument("--spares", type=int, default=0, metavar="K",
                    help="start K more processes as hot spares: ready to train, outside the "
                         "job's collectives, each replaces a lost rank at the next step "
