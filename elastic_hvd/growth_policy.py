@@ -41,7 +41,11 @@ class GrowthPolicy:
     free, up to ``max_np``.  The discovered target reaches the other ranks through
     one small broadcast every ``check_every`` steps.  After a failed spawn (or
     joiners that died before joining) the next try waits ``retry_steps`` steps;
-    after ``max_failures`` failures in a row the job stops trying.
+    after ``max_failures`` failures in a row the job stops trying, and rank 0 says so.
+    A spawn or a join that a loss of the job's own ranks ended is no failure of growth
+    (the soak met losses every ~15 s, each ending a join whose joiner needed ~11 s:
+    counted, three of them stopped growth for good, without a word): the next step
+    tries again.
     """
 
     def __init__(self, respawn: bool = False, max_np: int | None = None,
@@ -58,6 +62,7 @@ class GrowthPolicy:
         self._latest: dict[str, int] | None
         self._latest = None      # rank 0's latest discovery (its thread writes it)
         self._thread: threading.Thread | None = None
+        self._events = 0         # the job's membership events when its pending join began
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> "GrowthPolicy":
@@ -99,7 +104,7 @@ class GrowthPolicy:
             self.failures = 0
             return event
         if pending and not comm.join_pending:  # abandoned: its joiners died or ranks changed
-            self._failed()
+            self._failed(comm, self._events)
         self.steps += 1
         if self.max_np and self.discover:
             self._start_discovery(comm)
@@ -109,21 +114,32 @@ class GrowthPolicy:
         if comm.join_pending or self.steps < self.next_try:
             return None
         count, hosts = self.wanted(comm)
+        events = self._events = len(comm.events)
         if count <= 0:
             if self.respawn and comm.spares_left < self.spares and not comm.spares_in_place \
                     and not comm.spawn_spare(self.lost_hosts(comm)[:1]):
-                self._failed()
+                self._failed(comm, events)
             return None
         if self.spares and comm.spares_left:
             comm.adopt_spare(self.lost_hosts(comm))  # none ready yet: the next step tries again
         elif (self.respawn or (self.max_np and self.discover)) and not comm.spawn(1, hosts[:1]):
-            self._failed()
+            self._failed(comm, events)
         return None
 
-    def _failed(self) -> None:
+    def _failed(self, comm: "ResilientComm", events: int) -> None:
+        """A spawn (or its join) begun when the job had ``events`` membership events did
+        not bring a rank.  Not counted when the job's own ranks changed meanwhile."""
+        if len(comm.events) != events:
+            return
         self.failures += 1
-        self.next_try = self.steps + (self.retry_steps if self.failures < self.max_failures
-                                      else float("inf"))
+        if self.failures < self.max_failures:
+            self.next_try = self.steps + self.retry_steps
+            return
+        self.next_try = float("inf")
+        if comm.rank == 0:
+            print(f"elastic_hvd: {self.failures} tries in a row to start a process for the job "
+                  f"failed; it stops growing and trains on at {comm.size} ranks",
+                  file=sys.stderr, flush=True)
 
     def wanted(self, comm: "ResilientComm") -> tuple[int, list[str]]:
         """(ranks to add, hosts to put them on) -- the same on every rank."""

@@ -252,7 +252,8 @@ class _GrowthComm:
 
     ``hosts``: host of each live rank; ``where``: host of every original id, lost ones
     included; ``spawn_ok``: what spawn() answers; ``polls``: what each poll_join() of a
-    pending join does ("adopt", "abandon"; none left: still waiting)."""
+    pending join does ("adopt", "abandon", "lost": a rank of the job was lost meanwhile,
+    which abandons it; none left: still waiting)."""
 
     joining = False
     rank = 0
@@ -283,7 +284,10 @@ class _GrowthComm:
         if not self.join_pending or not self.polls:
             return None
         self.join_pending = False
-        return MembershipEvent(1, 2, gained=(2,)) if self.polls.pop(0) == "adopt" else None
+        what = self.polls.pop(0)
+        if what == "lost":
+            self.events.append(MembershipEvent(2, 1, lost=(2,)))
+        return MembershipEvent(1, 2, gained=(2,)) if what == "adopt" else None
 
 
 def _lost_two():
@@ -339,6 +343,24 @@ def test_growth_counts_an_abandoned_join_as_a_failure_and_an_adoption_resets_the
     event = policy.step(comm)
     assert event is not None and event.gained == (2,)
     assert (policy.failures, len(comm.spawned)) == (0, 2)
+
+
+def test_growth_does_not_count_a_join_that_a_loss_ended_and_says_when_it_stops(capsys):
+    # Losses every ~15 s, each ending a join whose joiner needed ~11 s (the soak): none of
+    # them is a failure of growth; three joiners that died on their own are, and then
+    # rank 0 says that the job stops growing.
+    comm = _lost_two()
+    comm.spawn_ok, comm.polls = True, ["lost"] * 4 + ["abandon"] * 3
+    policy = GrowthPolicy(respawn=True, retry_steps=1, max_failures=3)
+    for _ in range(5):  # a spawn, then four steps at which a loss ended the join: each
+        policy.step(comm)  # spawns again at once
+    assert (policy.failures, len(comm.spawned)) == (0, 5)
+    assert capsys.readouterr().err == ""
+    for _ in range(20):
+        policy.step(comm)
+    assert (policy.failures, policy.next_try, len(comm.spawned)) == (3, float("inf"), 7)
+    assert "3 tries in a row to start a process for the job failed; it stops growing and " \
+           "trains on at 2 ranks" in capsys.readouterr().err
 
 
 # -- reduction finishing ----------------------------------------------------------------
