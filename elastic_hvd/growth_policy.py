@@ -62,7 +62,7 @@ class GrowthPolicy:
         self._latest: dict[str, int] | None
         self._latest = None      # rank 0's latest discovery (its thread writes it)
         self._thread: threading.Thread | None = None
-        self._events = 0         # the job's membership events when its pending join began
+        self._events = 0         # the job's membership events when its last spawn began
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> "GrowthPolicy":
@@ -104,7 +104,7 @@ class GrowthPolicy:
             self.failures = 0
             return event
         if pending and not comm.join_pending:  # abandoned: its joiners died or ranks changed
-            self._failed(comm, self._events)
+            self._failed(comm)
         self.steps += 1
         if self.max_np and self.discover:
             self._start_discovery(comm)
@@ -114,22 +114,22 @@ class GrowthPolicy:
         if comm.join_pending or self.steps < self.next_try:
             return None
         count, hosts = self.wanted(comm)
-        events = self._events = len(comm.events)
+        self._events = len(comm.events)
         if count <= 0:
             if self.respawn and comm.spares_left < self.spares and not comm.spares_in_place \
                     and not comm.spawn_spare(self.lost_hosts(comm)[:1]):
-                self._failed(comm, events)
+                self._failed(comm)
             return None
         if self.spares and comm.spares_left:
             comm.adopt_spare(self.lost_hosts(comm))  # none ready yet: the next step tries again
         elif (self.respawn or (self.max_np and self.discover)) and not comm.spawn(1, hosts[:1]):
-            self._failed(comm, events)
+            self._failed(comm)
         return None
 
-    def _failed(self, comm: "ResilientComm", events: int) -> None:
-        """A spawn (or its join) begun when the job had ``events`` membership events did
-        not bring a rank.  Not counted when the job's own ranks changed meanwhile."""
-        if len(comm.events) != events:
+    def _failed(self, comm: "ResilientComm") -> None:
+        """The last spawn (or its join) did not bring a rank.  Not counted when the job's
+        own ranks changed since it began."""
+        if len(comm.events) != self._events:
             return
         self.failures += 1
         if self.failures < self.max_failures:
