@@ -5,8 +5,19 @@ epoch and reuses it for all later ones.  An elastic epoch's length changes with
 the membership (and with re-queued samples), so each epoch runs in its own
 ``model.fit`` call, which measures it afresh.  Compiled train functions are kept
 between calls, so this costs no retracing.
+
+Keras 3 (3.15.1, measured) keeps ~50 kB of native memory for good at each
+``fit`` call whose dataset is of unknown length and has no ``steps_per_epoch``:
+one call per epoch made a long job's RSS grow without end (the soak's 5 % in
+5 minutes of 0.6 s epochs; ``bench/fit_memory.py`` reproduces it without
+elastic_hvd).  Given a ``steps_per_epoch`` it keeps nothing, even when the data
+runs out first, so each call gets one that no epoch reaches (the epoch still
+ends when the sampler's data does), and callbacks still see ``steps`` None:
+the length is unknown.  tf_keras keeps nothing either way and would log a
+warning at every epoch, so it gets none.
 """
 
+import sys
 import warnings
 from collections.abc import Iterable
 from typing import Any
@@ -38,13 +49,19 @@ def fit_elastic(model: Any, dataset: Any, epochs: int, initial_epoch: int = 0,
     if runtime.current("fit_elastic").joining:
         raise ElasticHvdError("this process was spawned into a running job, but fit_elastic got "
                               "no ElasticGrowth callback to hand it the live training state")
+    in_fit = callbacks
+    if _keras_3(model):
+        kwargs.setdefault("steps_per_epoch", _NO_EPOCH_REACHES)
+        if kwargs.get("validation_data") is not None:
+            kwargs.setdefault("validation_steps", _NO_EPOCH_REACHES)
+        in_fit = [_StepsUnknown(), *callbacks]
     history = tf.keras.callbacks.History()
     history.history, history.epoch = {}, []
     kwargs.setdefault("shuffle", False)  # the sampler shuffles
     for epoch in range(initial_epoch, epochs):
         with warnings.catch_warnings():  # the epoch ends when the data does: that is the point
             warnings.filterwarnings("ignore", message="Your input ran out of data")
-            step = model.fit(dataset, epochs=epoch + 1, initial_epoch=epoch, callbacks=callbacks,
+            step = model.fit(dataset, epochs=epoch + 1, initial_epoch=epoch, callbacks=in_fit,
                              **kwargs)
         history.epoch += step.epoch
         for key, values in step.history.items():
@@ -53,3 +70,21 @@ def fit_elastic(model: Any, dataset: Any, epochs: int, initial_epoch: int = 0,
             break
     history.set_model(model)
     return history
+
+
+#: A ``steps_per_epoch`` bound that no elastic epoch reaches (see the module doc).
+_NO_EPOCH_REACHES = sys.maxsize
+
+
+def _keras_3(model: Any) -> bool:
+    return any(cls.__module__.startswith("keras.") for cls in type(model).__mro__)
+
+
+class _StepsUnknown(tf.keras.callbacks.Callback):
+    """First in the list: sets the ``steps`` that all callbacks share back to None
+    (an elastic epoch's length is unknown; ``_NO_EPOCH_REACHES`` is only a bound)."""
+
+    def set_params(self, params: dict[str, Any]) -> None:
+        if params.get("steps") == _NO_EPOCH_REACHES:
+            params["steps"] = None
+        super().set_params(params)

@@ -8,6 +8,7 @@ of the multirank tests.  Only the gradient-group test imports TensorFlow.
 
 import os
 import socket
+import sys
 import types
 
 import numpy as np
@@ -558,3 +559,49 @@ def test_a_relaunch_goes_where_the_discovery_points_else_to_the_hosts_named(tmp_
     script.write_text("#!/bin/sh\nexit 1\n")  # a discovery failing now: the hosts named
     again, _ = relaunch.without_host(args, "hostC")
     assert (again.hosts, again.np) == ("hostA:2,hostB:2", 4)
+
+
+def test_fit_elastic_bounds_keras_3_epochs_yet_each_ends_with_its_data(cluster):
+    """keras_callbacks.fit_elastic passes Keras 3 a ``steps_per_epoch`` (and
+    ``validation_steps``) no epoch reaches (one ``fit`` per epoch of unknown length without it
+    keeps native memory: bench/fit_memory.py), and callbacks still see ``steps`` None; each
+    epoch still trains, and validates on, exactly its own data."""
+    tf = pytest.importorskip("tensorflow")
+    from keras_callbacks.fit import fit_elastic
+    if not any(c.__module__.startswith("keras.") for c in type(tf.keras.Sequential()).__mro__):
+        pytest.skip("tf_keras: no bound is passed")
+    cluster(1).joining = False
+    lengths = iter([3, 5, 2])  # batches per epoch, unknown to Keras
+
+    def batches(count=None):
+        for _ in range(count or next(lengths)):
+            yield np.ones((2, 1), np.float32), np.ones((2, 1), np.float32)
+
+    spec = (tf.TensorSpec([None, 1], tf.float32),) * 2
+    dataset = tf.data.Dataset.from_generator(batches, output_signature=spec)
+    validation = tf.data.Dataset.from_generator(lambda: batches(2), output_signature=spec)
+
+    class Model(tf.keras.Sequential):
+        def fit(self, *args, **kwargs):
+            given.append(kwargs.get("steps_per_epoch"))
+            return super().fit(*args, **kwargs)
+
+    class Seen(tf.keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            seen.append((epoch, self.params["steps"], []))
+
+        def on_train_batch_end(self, batch, logs=None):
+            seen[-1][2].append(batch)
+
+        def on_test_batch_end(self, batch, logs=None):
+            seen[-1][2].append(f"v{batch}")
+
+    given, seen = [], []
+    model = Model([tf.keras.Input((1,)), tf.keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    history = fit_elastic(model, dataset, epochs=3, callbacks=[Seen()], verbose=0,
+                          validation_data=validation)
+    assert given == [sys.maxsize] * 3
+    assert seen == [(0, None, [0, 1, 2, "v0", "v1"]), (1, None, [0, 1, 2, 3, 4, "v0", "v1"]),
+                    (2, None, [0, 1, "v0", "v1"])]
+    assert history.epoch == [0, 1, 2] and len(history.history["val_loss"]) == 3

@@ -1,0 +1,98 @@
+"""Native memory Keras keeps per ``fit`` call, without elastic_hvd (issue 18's soak RSS).
+
+The soak's ranks grew ~100 kB per epoch, with or without faults.  The cause is
+Keras 3's: a ``model.fit`` call on a dataset of unknown length, with no
+``steps_per_epoch``, keeps ~50 kB of native memory after it returns (Python's
+own allocations do not grow: tracemalloc sees nothing), and
+``keras_callbacks.fit_elastic`` makes one call per epoch.  Given a
+``steps_per_epoch`` that the data never reaches, the same calls keep nothing.
+Each variant runs in a process of its own: a warm-up of 30 epochs, then the RSS
+difference over ``--epochs`` epochs.
+
+    python bench/fit_memory.py [--epochs 300] [--runs 3] [--legacy]
+"""
+
+import argparse
+import gc
+import os
+import statistics
+import subprocess
+import sys
+
+VARIANTS = {
+    "per-epoch fit, length unknown": "unknown",
+    "per-epoch fit, length unknown, steps_per_epoch bound": "bound",
+    "per-epoch fit, length known": "known",
+    "one fit for all epochs, length unknown": "one-call",
+}
+
+
+def rss_kb():
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+
+
+def measure(variant, epochs):
+    """kB of RSS kept per epoch by ``variant`` (runs in this process)."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    import warnings
+
+    import numpy as np
+    import tensorflow as tf
+    warnings.filterwarnings("ignore")  # "Your input ran out of data": the point
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    keras = tf.keras
+    x = np.random.default_rng(0).normal(size=(1024, 8)).astype(np.float32)
+    data = tf.data.Dataset.from_tensor_slices((x, x[:, :1])).batch(32)
+    if variant != "known":
+        data = data.filter(lambda *_: True)  # the length is unknown, as an elastic epoch's
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="tanh"),
+                              keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
+    bound = {"steps_per_epoch": sys.maxsize} if variant == "bound" else {}
+
+    def train(n):
+        if variant == "one-call":
+            model.fit(data, epochs=n, verbose=0)
+            return
+        for _ in range(n):
+            model.fit(data, epochs=1, verbose=0, **bound)
+
+    train(30)
+    gc.collect()
+    before = rss_kb()
+    train(epochs)
+    gc.collect()
+    return (rss_kb() - before) / epochs
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--epochs", type=int, default=300)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--legacy", action="store_true", help="tf_keras (TF_USE_LEGACY_KERAS=1)")
+    parser.add_argument("--one", help=argparse.SUPPRESS)  # a variant, in this process
+    args = parser.parse_args()
+    if args.one:
+        print(measure(args.one, args.epochs))
+        return
+    env = dict(os.environ, **({"TF_USE_LEGACY_KERAS": "1"} if args.legacy else {}))
+    versions = subprocess.run(
+        [sys.executable, "-c", "import os; os.environ['TF_CPP_MIN_LOG_LEVEL'] = '3'; "
+         "import tensorflow as tf; print(tf.__version__, tf.keras.__name__, "
+         "getattr(tf.keras, '__version__', ''))"],
+        env=env, capture_output=True, text=True, check=True).stdout.split()
+    print(f"TensorFlow {versions[0]}, {' '.join(versions[1:])}; {args.epochs} epochs of 32 "
+          f"batches after 30 of warm-up; median of {args.runs} processes per variant")
+    print(f"{'variant':55s} {'kB kept per epoch':>18s}   runs")
+    for name, variant in VARIANTS.items():
+        runs = [float(subprocess.run(
+            [sys.executable, __file__, "--one", variant, "--epochs", str(args.epochs)],
+            env=env, capture_output=True, text=True, check=True).stdout.split()[-1])
+            for _ in range(args.runs)]
+        print(f"{name:55s} {statistics.median(runs):18.1f}   "
+              + " ".join(f"{r:.1f}" for r in runs), flush=True)
+
+
+if __name__ == "__main__":
+    main()
