@@ -6,10 +6,10 @@ the membership (and with re-queued samples), so each epoch runs in its own
 ``model.fit`` call, which measures it afresh.  Compiled train functions are kept
 between calls, so this costs no retracing.
 
-Keras 3 (3.15.1, measured) keeps ~50 kB of native memory for good at each
+Keras 3 (3.15.1, measured) keeps 70-150 kB of native memory for good at each
 ``fit`` call whose dataset is of unknown length and has no ``steps_per_epoch``:
-one call per epoch made a long job's RSS grow without end (the soak's 5 % in
-5 minutes of 0.6 s epochs; ``bench/fit_memory.py`` reproduces it without
+one call per epoch made every rank's RSS grow without end (+1.7 % in 7.5
+minutes of 0.7 s epochs; ``bench/fit_memory.py`` reproduces it without
 elastic_hvd).  Given a ``steps_per_epoch`` it keeps nothing, even when the data
 runs out first, so each call gets one that no epoch reaches (the epoch still
 ends when the sampler's data does), and callbacks still see ``steps`` None:
