@@ -79,10 +79,15 @@ def measure(variant, epochs):
         for _ in range(n):
             model.fit(data, epochs=1, verbose=0, **bound)
 
-    train(30)
+    return _kept_per_epoch(train, epochs)
+
+
+def _kept_per_epoch(run, epochs):
+    """kB of RSS that ``run(epochs)`` keeps per epoch, after ``run(30)`` of warm-up."""
+    run(30)
     gc.collect()
     before = rss_kb()
-    train(epochs)
+    run(epochs)
     gc.collect()
     return (rss_kb() - before) / epochs
 
@@ -98,12 +103,7 @@ def _saves(model, data, epochs, skip_optimizer):
             for i in range(n):
                 saving_lib.save_weights_only(model, f"{directory}/{i % 3}.weights.h5",
                                              objects_to_skip=skip)
-        save(30)
-        gc.collect()
-        before = rss_kb()
-        save(epochs)
-        gc.collect()
-        return (rss_kb() - before) / epochs
+        return _kept_per_epoch(save, epochs)
 
 
 def main():
