@@ -51,6 +51,7 @@ from elastic_hvd.tensorflow.optimizer_state import get_lr
 from elastic_hvd.tensorflow.training_state import TrainingState
 
 from .ckpt_files import CheckpointFiles
+from .keras_leaks import save_weights
 
 if TYPE_CHECKING:
     from elastic_hvd.sharding import ElasticSampler
@@ -152,7 +153,7 @@ class ElasticCheckpoint(tf.keras.callbacks.Callback):
         state = self._training_state(model).state(resume_epoch)
         self.files.write(seq, resume_epoch, {
             "state": ("state.npz", lambda path: state_format.dump(state, path)),
-            "weights": ("weights.h5", model.save_weights),
+            "weights": ("weights.h5", lambda path: save_weights(model, path)),
         }, {"epoch": resume_epoch, "step": state.get("session", {}).get("step"),
             "host": socket.gethostname(),
             "writer": runtime.current().original_id if runtime.is_initialized() else None})

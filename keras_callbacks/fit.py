@@ -6,18 +6,10 @@ the membership (and with re-queued samples), so each epoch runs in its own
 ``model.fit`` call, which measures it afresh.  Compiled train functions are kept
 between calls, so this costs no retracing.
 
-Keras 3 (3.15.1, measured) keeps 70-150 kB of native memory for good at each
-``fit`` call whose dataset is of unknown length and has no ``steps_per_epoch``:
-one call per epoch made every rank's RSS grow without end (+1.7 % in 7.5
-minutes of 0.7 s epochs; ``bench/fit_memory.py`` reproduces it without
-elastic_hvd).  Given a ``steps_per_epoch`` it keeps nothing, even when the data
-runs out first, so each call gets one that no epoch reaches (the epoch still
-ends when the sampler's data does), and callbacks still see ``steps`` None:
-the length is unknown.  tf_keras keeps nothing either way and would log a
-warning at every epoch, so it gets none.
+On Keras 3 each call gets a ``steps_per_epoch`` bound that no epoch reaches:
+without one, Keras 3 leaks at every such call (:mod:`keras_callbacks.keras_leaks`).
 """
 
-import sys
 import warnings
 from collections.abc import Iterable
 from typing import Any
@@ -27,6 +19,7 @@ import tensorflow as tf
 from elastic_hvd.core import ElasticHvdError, runtime
 
 from .growth import ElasticGrowth
+from .keras_leaks import bound_fit
 from .progress import RankZeroProgbar
 
 
@@ -49,12 +42,7 @@ def fit_elastic(model: Any, dataset: Any, epochs: int, initial_epoch: int = 0,
     if runtime.current("fit_elastic").joining:
         raise ElasticHvdError("this process was spawned into a running job, but fit_elastic got "
                               "no ElasticGrowth callback to hand it the live training state")
-    in_fit = callbacks
-    if _keras_3(model):
-        kwargs.setdefault("steps_per_epoch", _NO_EPOCH_REACHES)
-        if kwargs.get("validation_data") is not None:
-            kwargs.setdefault("validation_steps", _NO_EPOCH_REACHES)
-        in_fit = [_StepsUnknown(), *callbacks]
+    in_fit = bound_fit(model, kwargs, callbacks)
     history = tf.keras.callbacks.History()
     history.history, history.epoch = {}, []
     kwargs.setdefault("shuffle", False)  # the sampler shuffles
@@ -71,20 +59,3 @@ def fit_elastic(model: Any, dataset: Any, epochs: int, initial_epoch: int = 0,
     history.set_model(model)
     return history
 
-
-#: A ``steps_per_epoch`` bound that no elastic epoch reaches (see the module doc).
-_NO_EPOCH_REACHES = sys.maxsize
-
-
-def _keras_3(model: Any) -> bool:
-    return any(cls.__module__.startswith("keras.") for cls in type(model).__mro__)
-
-
-class _StepsUnknown(tf.keras.callbacks.Callback):
-    """First in the list: sets the ``steps`` that all callbacks share back to None
-    (an elastic epoch's length is unknown; ``_NO_EPOCH_REACHES`` is only a bound)."""
-
-    def set_params(self, params: dict[str, Any]) -> None:
-        if params.get("steps") == _NO_EPOCH_REACHES:
-            params["steps"] = None
-        super().set_params(params)
