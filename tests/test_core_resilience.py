@@ -226,6 +226,18 @@ def test_a_million_collectives_then_a_failure_after_the_identifiers_wrapped(tmp_
         assert r["anomalies"] == 0 and [e["lost"] for e in r["events"]] == [[1]]
 
 
+def test_a_step_transaction_pauses_the_progress_loop_once(tmp_path):
+    # 50 unfused gradients are 50 resilient allreduces in one step transaction: the
+    # heartbeat's progress loop pauses once per step, not once per collective (each
+    # pause and resume cost ~13 us before the loop kept a second timer, issue 23), and
+    # every result is the sum.
+    job = run_job("core_scenarios.py", "step_pauses", "50", "3", np=2, tmp_path=tmp_path,
+                  env={"HOROVOD_FUSION_THRESHOLD": "0"}, timeout=60)
+    assert sorted(job.results) == [0, 1], job.output[-3000:]
+    for r in job.results.values():
+        assert r["right"] and r["allreduces"] == 150 and r["pauses_per_step"] == [1, 1, 1], r
+
+
 def test_strict_mode_ends_the_job_on_an_anomaly(tmp_path):
     job = run_job("core_scenarios.py", "foreign_agreement", "1", np=3, tmp_path=tmp_path,
                   launcher=["--strict"], expect_rc=70, timeout=60)

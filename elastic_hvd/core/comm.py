@@ -272,20 +272,28 @@ class ResilientComm(JoiningMixin, RepairMixin, CollectivesMixin):
         (measured: the job hung; in the soak an agreement met another rank's shrink
         and returned ``0x1``).  So this rank leaves as a crash, which every survivor
         repairs alike, instead of leaving cleanly from a point the others never reach."""
-        if self._heartbeat is not None:
-            self._heartbeat.enter()
+        with self._progress_paused():
+            try:
+                yield
+            except BaseException as exc:
+                if not isinstance(exc, Exception) and not self.joining:
+                    workarounds.used("interrupted_protocol_crash")
+                    mpi_env.end_as_crash(f"rank {self.rank} (original {self.original_id}) was "
+                                         f"interrupted by {type(exc).__name__} inside a "
+                                         "collective's protocol")
+                raise
+
+    @contextlib.contextmanager
+    def _progress_paused(self) -> Iterator[None]:
+        """The heartbeat's progress loop pauses until the outermost of these ends."""
+        if self._heartbeat is None:
+            yield
+            return
+        self._heartbeat.enter()
         try:
             yield
-        except BaseException as exc:
-            if not isinstance(exc, Exception) and not self.joining:
-                workarounds.used("interrupted_protocol_crash")
-                mpi_env.end_as_crash(f"rank {self.rank} (original {self.original_id}) was "
-                                     f"interrupted by {type(exc).__name__} inside a collective's "
-                                     "protocol")
-            raise
         finally:
-            if self._heartbeat is not None:
-                self._heartbeat.leave()
+            self._heartbeat.leave()
 
     def consistent(self, attempt: Callable[[], _T]) -> _T:
         """Run ``attempt()`` -- several collectives -- until it completes without a
@@ -293,12 +301,14 @@ class ResilientComm(JoiningMixin, RepairMixin, CollectivesMixin):
 
         Every survivor sees the same changes at the same collective (outcomes are
         agreed), so all of them run ``attempt`` again together.  ``attempt`` must
-        not change its inputs."""
-        while True:
-            seen = len(self.events)
-            result = attempt()
-            if len(self.events) == seen:
-                return result
+        not change its inputs.  The progress loop pauses once for all of it, not
+        once per collective (a step of 200 unfused gradients makes 200)."""
+        with self._progress_paused():
+            while True:
+                seen = len(self.events)
+                result = attempt()
+                if len(self.events) == seen:
+                    return result
 
     def _agree(self, comm: Any, flag: int, timeout: float | None = None) -> int | None:
         """Agreed AND of ``flag`` (its 4 outcome bits); None when a process failure

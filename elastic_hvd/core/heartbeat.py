@@ -24,7 +24,13 @@ to 10^6 returned a value that was not the AND of the values given -- on every
 rank alike, or on one rank alone (measured; ``tests/test_core_resilience.py``'s
 million-collective test met it; 0 in 2 x 10^6 without the loop, 0 with the pause).
 Pausing is ``event_del``, which waits for a callback that is running (libevent's
-pthreads locking is switched on for that), and ``event_add`` to resume: ~1 us.
+pthreads locking is switched on for that), and ``event_add`` to resume.  Neither
+may wake the loop's thread: libevent wakes it (a write to an eventfd, and on a busy
+machine a context switch that preempts a rank) when an added timer becomes the
+earliest one, which a lone progress timer always is.  So a second, persistent
+timer of the same period that does nothing stays armed: the loop already wakes
+within one period, the progress timer re-added at ``now + period`` is never the
+earliest, and a pause and resume are two lock-protected heap operations.
 
 **Stall watchdog** (``stall_timeout`` > 0, off by default): a rank that made no
 *progress* -- no collective and no :func:`progress` tick -- for ``stall_timeout``
@@ -113,12 +119,18 @@ class NativeProgress:
         # we run on, extra arguments in registers are simply ignored by the callee.
         callback = ctypes.cast(pal.opal_progress, ctypes.c_void_p)
         self._event = ev.event_new(self._base, -1, _EV_PERSIST, callback, None)
+        # The timer that keeps the loop waking (module doc): its callback returns a
+        # constant string and touches nothing.
+        self._awake = ev.event_new(self._base, -1, _EV_PERSIST,
+                                   ctypes.cast(ev.event_get_version, ctypes.c_void_p), None)
         seconds = max(float(interval), 0.005)
         self._tv = _Timeval(int(seconds), int((seconds - int(seconds)) * 1e6))
-        if not self._event or ev.event_add(self._event, ctypes.byref(self._tv)) != 0:
-            raise OSError("could not arm the progress timer")
+        for event in (self._awake, self._event):  # the awake timer first: it leads
+            if not event or ev.event_add(event, ctypes.byref(self._tv)) != 0:
+                raise OSError("could not arm the progress timers")
         # The whole life of this thread is one foreign call: the GIL is released.
-        # EVLOOP_NO_EXIT_ON_EMPTY: a paused loop has no event, and would return for good.
+        # EVLOOP_NO_EXIT_ON_EMPTY: should the loop ever be left without an event, it
+        # must wait for one, not return for good.
         ev.event_base_loop.argtypes = [ctypes.c_void_p, ctypes.c_int]
         self._thread = threading.Thread(target=ev.event_base_loop,
                                         args=(self._base, _EVLOOP_NO_EXIT_ON_EMPTY),
@@ -140,6 +152,7 @@ class NativeProgress:
         self._thread.join(5.0)
         if not self._thread.is_alive():
             self._ev.event_free(self._event)
+            self._ev.event_free(self._awake)
             self._ev.event_base_free(self._base)
         self._base = None
 

@@ -222,6 +222,37 @@ def many_collectives(comm, count):
                  anomalies=len(comm.anomalies), events=events(comm))
 
 
+def step_pauses(comm, arrays="50", steps="3"):
+    """``steps`` step transactions of ``arrays`` small arrays, unfused (run with
+    HOROVOD_FUSION_THRESHOLD=0): how often the heartbeat's progress loop paused, and
+    whether every result is the sum."""
+    from elastic_hvd.core.reducer import reduce_step
+    progress = comm._heartbeat._progress
+    pauses, pause = [], progress.pause
+
+    def counted():
+        pauses.append(1)
+        pause()
+    progress.pause = counted
+    calls, allreduce = [], comm.allreduce
+
+    def counted_allreduce(*args, **kwargs):
+        calls.append(1)
+        return allreduce(*args, **kwargs)
+    comm.allreduce = counted_allreduce
+    inputs = [contribution(comm.original_id, 16 + k) for k in range(int(arrays))]
+    right, per_step = True, []
+    for _ in range(int(steps)):
+        before = len(pauses)
+        out = reduce_step(comm, *inputs, sizes=[len(inputs)], op=core.ReduceOp.SUM,
+                          prescale_factor=1.0, postscale_factor=1.0, commit=False)
+        per_step.append(len(pauses) - before)
+        right &= all(np.array_equal(o, sum(contribution(i, 16 + k) for i in comm.ids))
+                     for k, o in enumerate(out))
+    report.write(comm.original_id, pauses_per_step=per_step, right=bool(right),
+                 allreduces=len(calls))
+
+
 def elastic_flag(comm):
     report.write(comm.original_id, elastic=comm.elastic)
 
