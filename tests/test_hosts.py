@@ -116,6 +116,23 @@ def test_a_frozen_host_is_left_alone_and_the_job_still_ends(tmp_path):
     assert "mpirun still waits for a process that will not end by itself" in job.output
 
 
+def test_the_job_still_ends_when_a_rank_that_left_early_named_a_rank_frozen_since(tmp_path):
+    # Rank 1 returns at step 10 while the others go on: it leaves early, and its record
+    # names the members of that moment, rank 2 among them.  Then hostB's only rank (2)
+    # freezes: evicted, not fenced, never finished.  The launcher must judge "every
+    # member finished" by the ranks that finished last, not by the one that left
+    # early (seen in the soak: the job waited for a spawn stuck in its start-up).
+    states = {}
+    job = run_job("hosts.py", "steps", 150, "0.02", "1:10", np=3, hosts="hostA:2,hostB:1",
+                  tmp_path=tmp_path, launcher=FAST_DETECTION,
+                  watcher=stop_then_watch("hostB", [2], states),
+                  env={"ELASTIC_HVD_FINALIZE_DEADLINE": "2"}, timeout=150)
+    assert sorted(job.results) == [0], job.output[-3000:]
+    assert job.results[0]["wrong"] == [] and job.results[0]["ids"] == [0]
+    assert states[2] == "T", states
+    assert "mpirun still waits for a process that will not end by itself" in job.output
+
+
 def test_a_lost_hosts_ranks_are_replaced_on_the_host_discovery_offers(tmp_path):
     # The allocation has a spare host (hostC); discovery offers hostA and hostC only
     # (hostB "went bad").  Both ranks of hostB die at step 10: two joiners start on

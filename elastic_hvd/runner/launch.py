@@ -225,10 +225,18 @@ def read_outcomes(status_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
 
 def members_done(outcomes: Iterable[Mapping[str, Any]]) -> bool:
     """True when every member of the job (as the ranks that finished last saw it)
-    has finished."""
-    ended = [o for o in outcomes if o["code"] is not None and o.get("members") is not None]
-    finished = {o["id"] for o in ended}
-    return bool(ended) and all(set(o["members"]) <= finished for o in ended)
+    has finished.
+
+    A process that left early (``"left"``: the others trained on without it) saw
+    the members of its time, some of whom may have been lost since: its view is not
+    the job's at the end (the soak met it: a rank that left on SIGTERM named two
+    ranks killed later, and a spare still starting when training ended kept
+    mpirun, and the job, waiting until its own start-up deadline)."""
+    outcomes = list(outcomes)
+    finished = {o["id"] for o in outcomes if o["code"] is not None}
+    last = [o for o in outcomes if o["code"] is not None and o.get("members") is not None
+            and not o.get("left")]
+    return bool(last) and all(set(o["members"]) <= finished for o in last)
 
 
 def strict_abort(outcomes: Iterable[Mapping[str, Any]]) -> bool:

@@ -28,11 +28,17 @@ def layout(comm):
                  runtime_local_rank=int(os.environ["OMPI_COMM_WORLD_LOCAL_RANK"]))
 
 
-def steps(comm, count="200", pause="0.02"):
+def steps(comm, count="200", pause="0.02", leave=""):
     """``count`` allreduces ``pause`` s apart (a watcher kills ranks meanwhile); each
-    step's sum must be the live ranks' own."""
+    step's sum must be the live ranks' own.  ``leave`` (``"<original id>:<step>"``):
+    that rank's program returns at that step, while the others go on (it reports
+    nothing, and takes back its progress file: watchers wait for the live ranks')."""
     wrong = []
+    leaver, _, leave_at = leave.partition(":")
     for step in range(int(count)):
+        if leaver and int(leaver) == comm.original_id and step == int(leave_at):
+            os.remove(os.path.join(os.environ["TEST_OUT_DIR"], f"progress{comm.original_id}"))
+            return
         ids = list(comm.ids)
         total = comm.allreduce(np.array([comm.original_id + 1], dtype=np.int64))
         if int(total[0]) != sum(i + 1 for i in comm.ids):
