@@ -272,7 +272,7 @@ class ResilientComm(JoiningMixin, RepairMixin, CollectivesMixin):
         (measured: the job hung; in the soak an agreement met another rank's shrink
         and returned ``0x1``).  So this rank leaves as a crash, which every survivor
         repairs alike, instead of leaving cleanly from a point the others never reach."""
-        with self._progress_paused():
+        with self._heartbeat or contextlib.nullcontext():
             try:
                 yield
             except BaseException as exc:
@@ -283,18 +283,6 @@ class ResilientComm(JoiningMixin, RepairMixin, CollectivesMixin):
                                          "collective's protocol")
                 raise
 
-    @contextlib.contextmanager
-    def _progress_paused(self) -> Iterator[None]:
-        """The heartbeat's progress loop pauses until the outermost of these ends."""
-        if self._heartbeat is None:
-            yield
-            return
-        self._heartbeat.enter()
-        try:
-            yield
-        finally:
-            self._heartbeat.leave()
-
     def consistent(self, attempt: Callable[[], _T]) -> _T:
         """Run ``attempt()`` -- several collectives -- until it completes without a
         membership change, so that all its results come from one membership.
@@ -303,7 +291,7 @@ class ResilientComm(JoiningMixin, RepairMixin, CollectivesMixin):
         agreed), so all of them run ``attempt`` again together.  ``attempt`` must
         not change its inputs.  The progress loop pauses once for all of it, not
         once per collective (a step of 200 unfused gradients makes 200)."""
-        with self._progress_paused():
+        with self._heartbeat or contextlib.nullcontext():  # (see _in_mpi)
             while True:
                 seen = len(self.events)
                 result = attempt()

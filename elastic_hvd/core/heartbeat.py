@@ -125,8 +125,9 @@ class NativeProgress:
                                    ctypes.cast(ev.event_get_version, ctypes.c_void_p), None)
         seconds = max(float(interval), 0.005)
         self._tv = _Timeval(int(seconds), int((seconds - int(seconds)) * 1e6))
+        self._tv_ref = ctypes.byref(self._tv)  # made once: resume() runs at every collective
         for event in (self._awake, self._event):  # the awake timer first: it leads
-            if not event or ev.event_add(event, ctypes.byref(self._tv)) != 0:
+            if not event or ev.event_add(event, self._tv_ref) != 0:
                 raise OSError("could not arm the progress timers")
         # The whole life of this thread is one foreign call: the GIL is released.
         # EVLOOP_NO_EXIT_ON_EMPTY: should the loop ever be left without an event, it
@@ -143,7 +144,7 @@ class NativeProgress:
         self._ev.event_del(self._event)
 
     def resume(self) -> None:
-        self._ev.event_add(self._event, ctypes.byref(self._tv))
+        self._ev.event_add(self._event, self._tv_ref)
 
     def stop(self) -> None:
         if self._base is None:
@@ -301,6 +302,13 @@ class Heartbeat:
         self._last_progress = time.monotonic()
         if self._in_collective == 0:
             self._progress.resume()
+
+    # ``with heartbeat:`` -- a collective, or a transaction of several
+    def __enter__(self) -> None:
+        self.enter()
+
+    def __exit__(self, *exc: object) -> None:
+        self.leave()
 
     def tick(self) -> None:
         self._last_progress = time.monotonic()
