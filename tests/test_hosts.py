@@ -116,6 +116,9 @@ def test_a_frozen_host_is_left_alone_and_the_job_still_ends(tmp_path):
     assert "mpirun still waits for a process that will not end by itself" in job.output
 
 
+@pytest.mark.xfail(strict=True, reason="the launcher's end-of-job check reads a left rank's "
+                   "stale members (launch.members_done's known flaw): the job waits for the "
+                   "frozen rank until the test's timeout")
 def test_the_job_still_ends_when_a_rank_that_left_early_named_a_rank_frozen_since(tmp_path):
     # Rank 1 returns at step 10 while the others go on: it leaves early, and its record
     # names the members of that moment, rank 2 among them.  Then hostB's only rank (2)
@@ -126,7 +129,7 @@ def test_the_job_still_ends_when_a_rank_that_left_early_named_a_rank_frozen_sinc
     job = run_job("hosts.py", "steps", 150, "0.02", "1:10", np=3, hosts="hostA:2,hostB:1",
                   tmp_path=tmp_path, launcher=FAST_DETECTION,
                   watcher=stop_then_watch("hostB", [2], states),
-                  env={"ELASTIC_HVD_FINALIZE_DEADLINE": "2"}, timeout=150)
+                  env={"ELASTIC_HVD_FINALIZE_DEADLINE": "2"}, timeout=60)
     assert sorted(job.results) == [0], job.output[-3000:]
     assert job.results[0]["wrong"] == [] and job.results[0]["ids"] == [0]
     assert states[2] == "T", states

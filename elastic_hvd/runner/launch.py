@@ -227,16 +227,15 @@ def members_done(outcomes: Iterable[Mapping[str, Any]]) -> bool:
     """True when every member of the job (as the ranks that finished last saw it)
     has finished.
 
-    A process that left early (``"left"``: the others trained on without it) saw
-    the members of its time, some of whom may have been lost since: its view is not
-    the job's at the end (the soak met it: a rank that left on SIGTERM named two
-    ranks killed later, and a spare still starting when training ended kept
-    mpirun, and the job, waiting until its own start-up deadline)."""
-    outcomes = list(outcomes)
-    finished = {o["id"] for o in outcomes if o["code"] is not None}
-    last = [o for o in outcomes if o["code"] is not None and o.get("members") is not None
-            and not o.get("left")]
-    return bool(last) and all(set(o["members"]) <= finished for o in last)
+    Known flaw: a process that left early named the members of its time, some of
+    whom may be lost since and never finish; the check then never passes, and a
+    process that lingers keeps the job waiting until its own deadline (the soak's
+    ``no hang``).  Reading only the records not marked ``"left"`` ended a *running*
+    job in the next soak (a rank that ended on SIGTERM is not always marked), so
+    that is not the fix; see tests/test_hosts.py's expected failure."""
+    ended = [o for o in outcomes if o["code"] is not None and o.get("members") is not None]
+    finished = {o["id"] for o in ended}
+    return bool(ended) and all(set(o["members"]) <= finished for o in ended)
 
 
 def strict_abort(outcomes: Iterable[Mapping[str, Any]]) -> bool:
