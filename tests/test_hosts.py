@@ -122,9 +122,9 @@ def test_a_frozen_host_is_left_alone_and_the_job_still_ends(tmp_path):
 def test_the_job_still_ends_when_a_rank_that_left_early_named_a_rank_frozen_since(tmp_path):
     # Rank 1 returns at step 10 while the others go on: it leaves early, and its record
     # names the members of that moment, rank 2 among them.  Then hostB's only rank (2)
-    # freezes: evicted, not fenced, never finished.  The launcher must judge "every
-    # member finished" by the ranks that finished last, not by the one that left
-    # early (seen in the soak: the job waited for a spawn stuck in its start-up).
+    # freezes: evicted, not fenced, never finished.  The job must still end once the
+    # survivor finished (seen in the soak: the job waited for a spawn stuck in its
+    # start-up).  Ignoring the left rank's record is not the fix: it ended a running job.
     states = {}
     job = run_job("hosts.py", "steps", 150, "0.02", "1:10", np=3, hosts="hostA:2,hostB:1",
                   tmp_path=tmp_path, launcher=FAST_DETECTION,

@@ -16,7 +16,7 @@ touching Python. A stopped (SIGSTOP) or frozen process stops beating, which is w
 the detector is for.
 
 **Never beside a collective.**  The loop is paused while the main thread is inside
-a collective (:meth:`Heartbeat.enter` / :meth:`~Heartbeat.leave`), which drives
+a collective (``with heartbeat:``, :class:`Heartbeat` as a context manager), which drives
 progress itself.  Open MPI 5.0.11's agreement (ERA) is not safe against
 ``opal_progress`` running in two threads at once: with this loop running beside
 a tight loop of ``Allreduce`` + ``Agree`` on 3 ranks, about 1 agreement in 10^5
@@ -287,7 +287,8 @@ class Heartbeat:
         atexit.register(self.stop)
 
     # -- what the main thread tells us --------------------------------------------
-    def enter(self) -> None:
+    # ``with heartbeat:`` -- a collective, or a transaction of several
+    def __enter__(self) -> None:
         """The main thread starts a collective (that is progress); the progress loop
         pauses until the outermost one ends (see module doc)."""
         now = time.monotonic()
@@ -297,18 +298,11 @@ class Heartbeat:
         self._last_progress = now
         self._in_collective += 1
 
-    def leave(self) -> None:
+    def __exit__(self, *exc: object) -> None:
         self._in_collective -= 1
         self._last_progress = time.monotonic()
         if self._in_collective == 0:
             self._progress.resume()
-
-    # ``with heartbeat:`` -- a collective, or a transaction of several
-    def __enter__(self) -> None:
-        self.enter()
-
-    def __exit__(self, *exc: object) -> None:
-        self.leave()
 
     def tick(self) -> None:
         self._last_progress = time.monotonic()
