@@ -188,6 +188,21 @@ def test_launcher_leaves_a_session_dir_base_the_user_chose(tmp_path, monkeypatch
     assert "prte_local_tmpdir_base" not in (tmp_path / "calls").read_text()
 
 
+def test_a_process_that_never_joined_completes_nothing_and_ends_nothing():
+    # A spare (or spawned process) that exits 0 before it is adopted records members
+    # [] -- it was no rank.  The soak's seed 1208: the launcher took one for "every
+    # member finished" and ended a running job with exit status 0.
+    killed = [{"id": i, "code": None, "members": None} for i in range(4)]
+    spare = {"id": None, "code": 0, "members": [], "left": False, "final": False}
+    status, why = launch.exit_status(0, [*killed, spare])
+    assert status == 1 and "no rank completed: 1 never joined" in why, why
+    assert not launch.members_done([*killed, spare])
+    final = [{"id": i, "code": 0, "members": [0, 1], "final": True} for i in (0, 1)]
+    assert launch.members_done([*killed, spare, *final])
+    assert not launch.members_done([*killed, spare, final[0]])  # id 1 not past its record yet
+    assert launch.exit_status(0, [*killed, spare, *final]) == (0, None)
+
+
 def test_waiting_board_hears_others_recent_words_not_its_own(tmp_path, monkeypatch):
     from elastic_hvd.core.heartbeat import WaitingBoard
     monkeypatch.setattr(os, "environ", dict(os.environ))  # the board sets a variable

@@ -116,15 +116,12 @@ def test_a_frozen_host_is_left_alone_and_the_job_still_ends(tmp_path):
     assert "mpirun still waits for a process that will not end by itself" in job.output
 
 
-@pytest.mark.xfail(strict=True, reason="the launcher's end-of-job check reads a left rank's "
-                   "stale members (launch.members_done's known flaw): the job waits for the "
-                   "frozen rank until the test's timeout")
 def test_the_job_still_ends_when_a_rank_that_left_early_named_a_rank_frozen_since(tmp_path):
     # Rank 1 returns at step 10 while the others go on: it leaves early, and its record
     # names the members of that moment, rank 2 among them.  Then hostB's only rank (2)
     # freezes: evicted, not fenced, never finished.  The job must still end once the
     # survivor finished (seen in the soak: the job waited for a spawn stuck in its
-    # start-up).  Ignoring the left rank's record is not the fix: it ended a running job.
+    # start-up): the launcher reads only the members the final barrier saw.
     states = {}
     job = run_job("hosts.py", "steps", 150, "0.02", "1:10", np=3, hosts="hostA:2,hostB:1",
                   tmp_path=tmp_path, launcher=FAST_DETECTION,

@@ -143,6 +143,31 @@ def test_a_spawned_spare_killed_while_waiting_is_not_counted(tmp_path):
     assert results[5]["pid"] != killed[0]
 
 
+def test_a_spare_that_ends_cleanly_while_waiting_leaves_the_job_running(tmp_path):
+    # SIGTERM to the waiting spare, whose program then exits 0: its record names no
+    # members (it never joined).  The launcher took that for "every member finished"
+    # and ended the running job after its grace (4 s here) with exit status 0 -- the
+    # soak's seed 1208 met it with a joiner.  The job must train to its end at 4 ranks.
+    sent = []
+
+    def watch(out, marker):
+        deadline = time.monotonic() + 60
+        while len(list(out.glob("started-*"))) < 5 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(1.0 + random.uniform(0, 0.05))
+        os.kill(job_ranks(marker)[4], signal.SIGTERM)  # world rank 4: the spare
+        sent.append(time.monotonic())
+
+    job = run_job("growth_scenarios.py", 2 * STEPS, "--exit-on-sigterm", np=4,
+                  launcher=["--spares", "1"], tmp_path=tmp_path, timeout=120, expect_rc=None,
+                  watcher=watch, env={"ELASTIC_HVD_FINALIZE_DEADLINE": "1"})
+    assert sent and len(job.results) == 4, f"ended while it trained\n{job.output[-4000:]}"
+    results, ids = grown(job)
+    assert ids == [0, 1, 2, 3] and shared_history(results, ids) == []
+    assert all(r["sizes"] == [4] * 2 * STEPS for r in results.values())
+    assert "mpirun still waits" not in job.output
+
+
 #: The lines of a process that Open MPI 5.0.11 left unable to make communicators: a
 #: process it connected to died inside the call (docs/openmpi-quirks.md).
 BROKEN_MERGE = ("a process died inside its merge with a new process (or the merge was given "

@@ -50,7 +50,9 @@ class Runtime:
     order_graph_collectives: bool = True
     # -- how the process ends (see runtime) ---------------------------------------------
     exit_status: int | None = None
-    on_leaving_early: Callable[[], None] | None = None
+    #: Called with True if this rank leaves while others go on, False after the final
+    #: barrier of all ranks (see runtime.when_leaving).
+    on_leaving: Callable[[bool], None] | None = None
     on_strict_abort: Callable[[int], None] | None = None
     say_when_raising: bool = True
     #: Set when the ranks leave together: hosts where no rank is left, and this rank then.

@@ -241,6 +241,8 @@ def _leave_together() -> None:
             return
         try:
             comm.leave()
+            if rt.on_leaving is not None:
+                rt.on_leaving(False)
             # Everyone leaves: a process still starting to join is told training ended.
             comm.abandon_join(ENDED)
             rt.emptied_hosts, rt.rank_at_exit = comm.emptied_hosts(), comm.rank
@@ -249,8 +251,8 @@ def _leave_together() -> None:
             comm.abandon_join(CHANGED)  # the others go on; they start another
             print(f"elastic_hvd: rank {comm.rank} (original {comm.original_id}) leaves "
                   f"the job; the other ranks go on without it ({exc})", file=sys.stderr, flush=True)
-            if rt.on_leaving_early is not None:
-                rt.on_leaving_early()
+            if rt.on_leaving is not None:
+                rt.on_leaving(True)
             os._exit(rt.exit_status or 0)
         except Exception as exc:  # below min_np (said already), or a failure at the very end
             comm.abandon_join()
@@ -274,12 +276,15 @@ def when_strict_abort(hook: Callable[[int], None]) -> None:
     process.runtime().on_strict_abort = hook
 
 
-def when_leaving_early(hook: Callable[[], None]) -> None:
-    """Call ``hook()`` if this process then leaves while other ranks go on training
-    (see ``ResilientComm.leave``), just before it exits: ``elastic-hvd-run``'s
-    wrapper records then that this rank did not complete the job -- its status
-    alone must not make a job whose other ranks were all lost count as completed."""
-    process.runtime().on_leaving_early = hook
+def when_leaving(hook: Callable[[bool], None]) -> None:
+    """Call ``hook(early)`` when this process leaves the job: ``early`` True just
+    before it exits while other ranks go on training (see ``ResilientComm.leave``),
+    False once it has passed the final barrier that every rank left meets.
+    ``elastic-hvd-run``'s wrapper records which: a rank that left early completed
+    nothing (its status alone must not make a job whose other ranks were all lost
+    count as completed), and only ranks past the final barrier know the job's last
+    members (the launcher ends a lingering mpirun when they all finished)."""
+    process.runtime().on_leaving = hook
 
 
 def exit_with(status: int) -> NoReturn:

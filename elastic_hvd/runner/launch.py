@@ -224,18 +224,18 @@ def read_outcomes(status_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
 
 
 def members_done(outcomes: Iterable[Mapping[str, Any]]) -> bool:
-    """True when every member of the job (as the ranks that finished last saw it)
-    has finished.
+    """True when every rank that met the job's final barrier has recorded so.
 
-    Known flaw: a process that left early named the members of its time, some of
-    whom may be lost since and never finish; the check then never passes, and a
-    process that lingers keeps the job waiting until its own deadline (the soak's
-    ``no hang``).  Reading only the records not marked ``"left"`` ended a *running*
-    job in the next soak (a rank that ended on SIGTERM is not always marked), so
-    that is not the fix; see tests/test_hosts.py's expected failure."""
-    ended = [o for o in outcomes if o["code"] is not None and o.get("members") is not None]
-    finished = {o["id"] for o in ended}
-    return bool(ended) and all(set(o["members"]) <= finished for o in ended)
+    Only that barrier, which every rank left meets, knows the job's last members.
+    A process that ended earlier named the members of its time: a rank that left
+    early (the soak: some named ranks lost later, who never finish, and the job
+    waited for ever) or a spare or spawned process that never joined (it names
+    none: the soak's job was ended while it trained on).  A rank killed between the
+    barrier and its record keeps this False: mpirun then ends by itself, or at a
+    lingering process's own deadline."""
+    final = [o for o in outcomes if o.get("final")]
+    done = {o["id"] for o in final}
+    return bool(final) and all(set(o["members"]) <= done for o in final)
 
 
 def strict_abort(outcomes: Iterable[Mapping[str, Any]]) -> bool:
@@ -334,14 +334,15 @@ def exit_status(code: int, outcomes: Sequence[Mapping[str, Any]]) -> tuple[int, 
     died.  Ranks lost on the way do not fail the job; a rank that finished with a
     non-zero status does (the lowest original id's status is returned), and so
     does a job in which no rank completed: none finished, or those that did
-    *left early* (with status 0, while the others trained on) and the others
-    were all lost.
+    *left early* (with status 0, while the others trained on) or never joined
+    (a spare or spawned process) and the others were all lost.
     """
     if not outcomes:  # not a Python command, or no rank could write to the status directory
         return code, (f"the job failed (mpirun exit status {code}); see the ranks' messages above"
                       if code else None)
     ended = [o for o in outcomes if o["code"] is not None]
-    completed = [o for o in ended if not o.get("left")]
+    # A spare or spawned process that ended before it joined (members []) was no rank.
+    completed = [o for o in ended if not o.get("left") and o.get("members") != []]
     if strict_abort(outcomes) or (not completed and code == ANOMALY_EXIT_STATUS):
         code = ANOMALY_EXIT_STATUS
         return code, (f"exit status {code}: strict mode ended the job on an anomaly (see the "
@@ -359,11 +360,16 @@ def exit_status(code: int, outcomes: Sequence[Mapping[str, Any]]) -> tuple[int, 
                         f"mpirun exit status {code})")
     if not completed:
         status = code or 1
-        which = ", ".join(f"id {'?' if o['id'] is None else o['id']}" for o in ended)
+        left = [o for o in ended if o.get("left")]
+        which = ", ".join(f"id {'?' if o['id'] is None else o['id']}" for o in left)
+        said = [f"{len(left)} left early with status 0 ({which}) while the others trained on"
+                ] if left else []
+        if len(ended) > len(left):
+            said.append(f"{len(ended) - len(left)} never joined (a spare or spawned process "
+                        "that ended before it was adopted)")
         lost = [o for o in outcomes if o["code"] is None]
-        return status, (f"exit status {status}: no rank completed: {len(ended)} left early with "
-                        f"status 0 ({which}) while the others trained on, and the other "
-                        f"{reports.lost_words(lost)} (mpirun exit status {code})")
+        return status, (f"exit status {status}: no rank completed: {', '.join(said)}, and the "
+                        f"other {reports.lost_words(lost)} (mpirun exit status {code})")
     if code:
         return 0, (f"mpirun exited with status {code} for processes lost on the way, but the "
                    f"program exited 0 on all {len(ended)} ranks that finished")

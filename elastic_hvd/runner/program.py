@@ -6,9 +6,12 @@ spawned to grow the job run it too (they run the ranks' own command line, see
 :func:`elastic_hvd.core.spawn.program_argv`).  In ``$ELASTIC_HVD_STATUS_DIR`` each
 process writes ``<host>-<pid>.json``: ``{"id": null, "code": null}`` when it starts,
 then its exit code, its original id and the job's members then (original ids)
-when the program *ends by itself* (returns or calls ``sys.exit``), and ``"left": true``
-once it has then *left early*: the others went on training without it (see
-``ResilientComm.leave``), so it completed nothing by itself; ``"aborted": true``
+when the program *ends by itself* (returns or calls ``sys.exit``) -- ``[]`` in a
+spare or spawned process that never joined --, then ``"left": true`` once it has
+*left early*: the others went on training without it (see ``ResilientComm.leave``),
+so it completed nothing by itself, or ``"final": true`` once it has passed the
+job's final barrier, which every rank left meets: only then are its members the
+job's last ones (the launcher's end-of-job check reads these); ``"aborted": true``
 when strict mode ends the job on an anomaly (the launcher then ends mpirun: an
 ``MPI_Abort`` in a spawned process ends only the spawned job).  A process
 killed, crashed, or ended by an uncaught exception (which the runtime turns into
@@ -61,8 +64,8 @@ def exit_code(code: str | int | None) -> int:
     return code & 0xFF if isinstance(code, int) else 1
 
 
-def _record(path: str, code: int | None, left: bool = False, aborted: bool = False,
-            **raised: Any) -> None:
+def _record(path: str, code: int | None, left: bool = False, final: bool = False,
+            aborted: bool = False, **raised: Any) -> None:
     runtime = sys.modules.get("elastic_hvd.core.runtime")  # imported if the program used it
     comm = runtime.current() if runtime and runtime.is_initialized() else None
     try:
@@ -71,7 +74,8 @@ def _record(path: str, code: int | None, left: bool = False, aborted: bool = Fal
         rank = None
     with open(path + ".tmp", "w") as f:
         json.dump({"id": comm and comm.original_id, "rank": rank, "code": code,
-                   "members": comm and list(comm.ids), "left": left, "aborted": aborted,
+                   "members": comm and list(comm.ids), "left": left, "final": final,
+                   "aborted": aborted,
                    # Who it is before init() (a crash may come first): mpirun's rank, and
                    # whether the job spawned it (a rank of its own small world then).
                    "world": os.environ.get("OMPI_COMM_WORLD_RANK"),
@@ -109,11 +113,12 @@ def _recording(path: str, show: _ExceptHook) -> _ExceptHook:
 
 def _ended(path: str, code: int) -> None:
     """Record that the program ended with ``code``, and have the runtime record it
-    again, as left early, if this rank then leaves while the others train on."""
+    again when this rank leaves the job: as left early if the others train on, as
+    final (with the members of that moment) once past the barrier of all ranks."""
     _record(path, code)
     runtime = sys.modules.get("elastic_hvd.core.runtime")
     if runtime is not None:
-        runtime.when_leaving_early(lambda: _record(path, code, left=True))
+        runtime.when_leaving(lambda early: _record(path, code, left=early, final=not early))
 
 
 def main() -> None:

@@ -1,7 +1,8 @@
 """A training loop on the bare core that grows back (no TensorFlow: fast).
 
     python growth_scenarios.py <steps> [--die-before-join | --raise-before-join]
-                               [--joiner-delay SECONDS]
+                               [--joiner-delay SECONDS] [--joiner-blocked SECONDS]
+                               [--exit-on-sigterm]
 
 Every step allreduces each rank's contribution into a running total (the
 "model"), after a short sleep (the "compute"), with ``GrowthPolicy.step`` at each
@@ -11,7 +12,8 @@ it was before it joined).  With ``--die-before-join`` the first joiner kills
 itself while starting up; with ``--raise-before-join`` it calls a collective
 before joining (JoinOrderError, uncaught).  ``--joiner-delay``: every joiner
 spends that long starting up (as one that imports TensorFlow), so that its join
-stays pending meanwhile; ``--joiner-blocked``: that long inside one C call.
+stays pending meanwhile; ``--joiner-blocked``: that long inside one C call;
+``--exit-on-sigterm``: SIGTERM ends the program with ``sys.exit(0)``.
 """
 
 import os
@@ -40,7 +42,10 @@ def answer_with_a_foreign_agreement(comm):
     comm._agreement = agreement
 
 
-def main(steps, fail_before_join=None, joiner_delay=0.0, joiner_blocked=0.0):
+def main(steps, fail_before_join=None, joiner_delay=0.0, joiner_blocked=0.0,
+         exit_on_sigterm=False):
+    if exit_on_sigterm:  # as a program that ends cleanly when its scheduler asks
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     comm = core.init()
     # Past MPI_Init (a process killed inside it hangs the job's start): a watcher may kill.
     open(os.path.join(os.environ["TEST_OUT_DIR"], f"started-{os.getpid()}"), "w").close()
@@ -96,4 +101,5 @@ if __name__ == "__main__":
     main(int(sys.argv[1]),
          next((a for a in args if a in ("--die-before-join", "--raise-before-join")), None),
          float(args[args.index("--joiner-delay") + 1]) if "--joiner-delay" in args else 0.0,
-         float(args[args.index("--joiner-blocked") + 1]) if "--joiner-blocked" in args else 0.0)
+         float(args[args.index("--joiner-blocked") + 1]) if "--joiner-blocked" in args else 0.0,
+         "--exit-on-sigterm" in args)
