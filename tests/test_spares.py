@@ -143,6 +143,39 @@ def test_a_spawned_spare_killed_while_waiting_is_not_counted(tmp_path):
     assert results[5]["pid"] != killed[0]
 
 
+def test_a_spawned_spare_that_ends_cleanly_while_the_ranks_train_is_not_counted(tmp_path):
+    # World rank 1 is killed, the spare replaces it, a spawned spare refills the pool;
+    # then SIGTERM to that spare, whose program exits 0, while the ranks are inside
+    # their collectives (2 ms steps).  Finalizing, it closed its connections to them
+    # while alive, and every rank deadlocked inside Open MPI (its TCP BTL reports the
+    # failure from its receive path, and the revoke that follows waits for a lock that
+    # thread holds: 5 hangs in 5 runs, gdb).  It now leaves as a crash.
+    sent = []
+
+    def watch(out, marker):
+        deadline = time.monotonic() + 60
+        while len(list(out.glob("started-*"))) < 5 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(job_ranks(marker)[1], signal.SIGKILL)
+        while not spawned_processes(marker) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        spare = spawned_processes(marker)[0]
+        while not (out / f"started-{spare}").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5 + random.uniform(0, 0.5))  # waiting, at the growth point
+        os.kill(spare, signal.SIGTERM)
+        sent.append(spare)
+
+    job = run_job("growth_scenarios.py", 1500, "--exit-on-sigterm", np=4,
+                  launcher=["--spares", "1", "--respawn"], tmp_path=tmp_path, timeout=90,
+                  expect_rc=None, watcher=watch, env={"TEST_STEP_SLEEP": "0.002"})
+    results, ids = grown(job)
+    assert sent, job.output[-4000:]
+    assert shared_history(results, ids) == [([1], []), ([], [4])]
+    assert "spawned to join the running job, ends before it joined; it leaves the job as a " \
+        "crash" in job.output
+
+
 def test_a_spare_that_ends_cleanly_while_waiting_leaves_the_job_running(tmp_path):
     # SIGTERM to the waiting spare, whose program then exits 0: its record names no
     # members (it never joined).  The launcher took that for "every member finished"

@@ -14,8 +14,8 @@ from .errors import ElasticHvdError, NotInitializedError
 from .freshness import ANOMALY_EXIT_STATUS
 from .growth import CHANGED, ENDED, Invitation
 from .heartbeat import Heartbeat
-from .mpi_env import (CONNECTED_FINALIZE_DEADLINE, finalize, ft_enabled, load_mpi, retire,
-                      ulfm_compiled)
+from .mpi_env import (CONNECTED_FINALIZE_DEADLINE, end_as_crash, finalize, ft_enabled,
+                      load_mpi, retire, ulfm_compiled)
 from .session import Session
 from .spares import SpareInvitation, split_world
 
@@ -238,6 +238,12 @@ def _leave_together() -> None:
     if comm is not None:
         if comm.joining:  # never joined: not a member, nobody waits for it
             comm.abandon_join()
+            if comm.MPI.Comm.Get_parent() != comm.MPI.COMM_NULL:
+                # Spawned, so connected to the ranks that spawned it: finalizing would
+                # close those connections while it lives, which deadlocks them.
+                workarounds.used("unjoined_spawn_exits_as_crash")
+                end_as_crash(f"process {os.getpid()}, spawned to join the running job, "
+                             "ends before it joined")
             return
         try:
             comm.leave()

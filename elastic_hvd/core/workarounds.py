@@ -125,6 +125,15 @@ TABLE = (
         "tried again later",
         "tests/test_growth.py::test_spawn_that_never_completes_is_given_up"),
     Workaround(
+        "unjoined_spawn_exits_as_crash",
+        "a spawned process that closes its connections while alive (MPI_Finalize) makes "
+        "each rank's TCP BTL report it failed from inside its receive path; the revoke "
+        "that follows sends on a TCP endpoint whose lock that thread holds: every rank "
+        "deadlocks in the collective it was in",
+        "a spawned process (a spare, a joiner) that ends by itself before it joined leaves "
+        "as a crash instead of finalizing",
+        "tests/test_spares.py::test_a_spawned_spare_killed_while_waiting_is_not_counted"),
+    Workaround(
         "private_session_dir",
         "a session directory left by a killed mpirun ($TMPDIR/ompi.<pid>) stops a later "
         "mpirun that gets the same pid (exit 213)",

@@ -85,7 +85,7 @@ def main(steps, fail_before_join=None, joiner_delay=0.0, joiner_blocked=0.0,
                 policy.load_state(state["policy"])
         step += 1
         faults.at_step(step)
-        time.sleep(0.05)
+        time.sleep(float(os.environ.get("TEST_STEP_SLEEP", "0.05")))
         total += comm.allreduce(np.full(4, comm.original_id + 1.0))
         expected += sum(i + 1.0 for i in comm.ids)  # who the allreduce counted
         sizes.append(comm.size)
