@@ -163,6 +163,8 @@ class Invitation:
         self._verdict_requests = [merged.Irecv(buffer, source=sender, tag=_VERDICT)
                                   for sender, buffer in enumerate(self._verdicts)]
         self._stop = threading.Event()
+        #: Set when the running job gave this process up (it then exits through JoinAbandoned).
+        self.given_up = False
         self._thread = threading.Thread(target=self._watch, args=(MPI, threading.main_thread()),
                                         name="elastic_hvd-join-watch", daemon=True)
         self._thread.start()
@@ -176,6 +178,7 @@ class Invitation:
                 if self._stop.is_set():  # join() took the communicator over
                     return
                 print(_leaving_line(self._reason(MPI)), file=sys.stderr, flush=True)
+                self.given_up = True
                 ctypes.pythonapi.PyThreadState_SetAsyncExc(
                     ctypes.c_ulong(main.ident),  # type: ignore[arg-type]  # started: an int
                     ctypes.py_object(JoinAbandoned))
@@ -261,6 +264,11 @@ class Growth:
     def joining(self) -> bool:
         """True in a spawned process until it has joined."""
         return self._invitation is not None
+
+    @property
+    def given_up(self) -> bool:
+        """True in a spawned process that the running job gave up before adopting it."""
+        return bool(getattr(self._invitation, "given_up", False))
 
     @property
     def replacing(self) -> int | None:

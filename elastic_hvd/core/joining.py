@@ -32,6 +32,12 @@ class JoiningMixin:
         return self._growth.joining
 
     @property
+    def given_up(self) -> bool:
+        """True in a spawned process that the running job gave up before adopting it:
+        the ranks closed their side, so it may finalize (see ``runtime._leave_together``)."""
+        return self._growth.given_up
+
+    @property
     def join_pending(self) -> bool:
         """True while spawned processes wait to be adopted (see :meth:`poll_join`)."""
         return self._growth.pending

@@ -238,8 +238,8 @@ def _leave_together() -> None:
     if comm is not None:
         if comm.joining:  # never joined: not a member, nobody waits for it
             comm.abandon_join()
-            if comm.MPI.Comm.Get_parent() != comm.MPI.COMM_NULL:
-                # Spawned, so connected to the ranks that spawned it: finalizing would
+            if comm.MPI.Comm.Get_parent() != comm.MPI.COMM_NULL and not comm.given_up:
+                # Spawned, so connected to ranks that still count on it: finalizing would
                 # close those connections while it lives, which deadlocks them.
                 workarounds.used("unjoined_spawn_exits_as_crash")
                 end_as_crash(f"process {os.getpid()}, spawned to join the running job, "
