@@ -132,7 +132,7 @@ TABLE = (
         "deadlocks in the collective it was in",
         "a spawned process (a spare, a joiner) that ends by itself before it joined leaves "
         "as a crash instead of finalizing",
-        "tests/test_spares.py::test_a_spawned_spare_killed_while_waiting_is_not_counted"),
+        "tests/test_spares.py::test_a_spawned_spare_that_ends_cleanly_while_the_ranks_train_is_not_counted"),
     Workaround(
         "private_session_dir",
         "a session directory left by a killed mpirun ($TMPDIR/ompi.<pid>) stops a later "
