@@ -111,6 +111,24 @@ def test_respawn_refills_the_pool_with_a_spawned_spare(tmp_path):
     assert job.output.count(RELEASED) == 1, job.output[-4000:]
 
 
+def signal_the_spawned_spare(out, marker, sig, jitter):
+    """Once all 5 processes run: SIGKILL world rank 1 (the spare replaces it and a
+    spawned spare refills the pool), then send ``sig`` to that spawned spare while it
+    waits (0.5 s + up to ``jitter`` s after it started); returns its pid."""
+    deadline = time.monotonic() + 60
+    while len(list(out.glob("started-*"))) < 5 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.kill(job_ranks(marker)[1], signal.SIGKILL)
+    while not spawned_processes(marker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    spare = spawned_processes(marker)[0]
+    while not (out / f"started-{spare}").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5 + random.uniform(0, jitter))  # waiting, at the growth point
+    os.kill(spare, sig)
+    return spare
+
+
 def test_a_spawned_spare_killed_while_waiting_is_not_counted(tmp_path):
     # From outside: world rank 1 is killed, the spare replaces it, the pool is refilled
     # by a spawned spare -- which is SIGKILLed while it waits; then world rank 2 is
@@ -119,18 +137,7 @@ def test_a_spawned_spare_killed_while_waiting_is_not_counted(tmp_path):
     killed = []
 
     def watch(out, marker):
-        deadline = time.monotonic() + 60
-        while len(list(out.glob("started-*"))) < 5 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        os.kill(job_ranks(marker)[1], signal.SIGKILL)
-        while not spawned_processes(marker) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        spare = spawned_processes(marker)[0]
-        while not (out / f"started-{spare}").exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        time.sleep(0.5 + random.uniform(0, 0.05))  # waiting, at the growth point
-        os.kill(spare, signal.SIGKILL)
-        killed.append(spare)
+        killed.append(signal_the_spawned_spare(out, marker, signal.SIGKILL, 0.05))
         time.sleep(0.5)
         os.kill(job_ranks(marker)[2], signal.SIGKILL)
 
@@ -153,18 +160,7 @@ def test_a_spawned_spare_that_ends_cleanly_while_the_ranks_train_is_not_counted(
     sent = []
 
     def watch(out, marker):
-        deadline = time.monotonic() + 60
-        while len(list(out.glob("started-*"))) < 5 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        os.kill(job_ranks(marker)[1], signal.SIGKILL)
-        while not spawned_processes(marker) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        spare = spawned_processes(marker)[0]
-        while not (out / f"started-{spare}").exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        time.sleep(0.5 + random.uniform(0, 0.5))  # waiting, at the growth point
-        os.kill(spare, signal.SIGTERM)
-        sent.append(spare)
+        sent.append(signal_the_spawned_spare(out, marker, signal.SIGTERM, 0.5))
 
     job = run_job("growth_scenarios.py", 1500, "--exit-on-sigterm", np=4,
                   launcher=["--spares", "1", "--respawn"], tmp_path=tmp_path, timeout=90,
