@@ -84,9 +84,11 @@ def kill_at_random(seed):
     return watch
 
 
-@pytest.mark.parametrize("case,seed", [("sparse", 1), ("num_groups", 2)])
+@pytest.mark.parametrize("case,seed", [("sparse", 1), ("num_groups", 2), ("fusion", 3)])
 def test_rank_killed_from_outside_at_a_random_moment(tmp_path, case, seed):
-    job = run_job("step_oracle.py", case, 3, np=4, env={"TEST_STEP_SLEEP": "0.05"},
+    # fusion: a step's 3 buffers are one transaction with one agreement at its end
+    job = run_job("step_oracle.py", case, 3, np=4,
+                  env={"TEST_STEP_SLEEP": "0.05", **ENV.get(case, {})},
                   tmp_path=tmp_path, timeout=240, watcher=kill_at_random(seed))
     out = tmp_path / "out"
     victim = int((out / "victim").read_text())

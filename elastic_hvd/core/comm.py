@@ -1,11 +1,12 @@
 """The resilient communicator: collectives with one outcome on every survivor.
 
 ULFM reports a process failure *non-uniformly*: a collective can complete on one
-rank and fail on another.  So every collective here is a small transaction::
+rank and fail on another.  So collectives run as small transactions -- one alone,
+or several back to back (a step's gradient buffers: ``run_many``)::
 
-    [slow path only] agree(PRE)  +  exact signature exchange
-    attempt the MPI collective     (on error: revoke, so nobody stays blocked)
-    agree(POST | outcome bits)     (ULFM's fault-tolerant agreement: a bitwise AND)
+    per call:  [slow path only] agree(PRE)  +  exact signature exchange
+               attempt the MPI collective   (on error: revoke, so nobody stays blocked)
+    once:      agree(POST | outcome bits)   (ULFM's fault-tolerant agreement: a bitwise AND)
 
 and *every* decision after it -- return the result, repair and retry, raise --
 is taken from the agreed value, never from local knowledge.  A process failure
@@ -27,7 +28,7 @@ an *anomaly* -- never acted on, always said.
 import contextlib
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 import numpy as np
@@ -204,59 +205,98 @@ class ResilientComm(JoiningMixin, RepairMixin, CollectivesMixin):
         mpi4py's pickled ``reduce``/``allreduce``/``scan``/``exscan`` do (a hidden
         one), and a revoke then frees nobody waiting in them.
         """
+        return self.run_many([(signature, attempt)])[0]
+
+    def run_many(self, calls: Sequence[tuple[Any, Callable[[Any], Any]]]) -> list[Any]:
+        """Run several collectives, each ``(signature, attempt)`` as in :meth:`run`, as
+        *one* transaction: their data transfers back to back, then one agreement on
+        all their outcomes.  A step's 200 unfused gradients pay one agreement, not 200.
+
+        As safe as an agreement per call: no result is returned unless every rank
+        completed every call, and a call that fails on one rank fails on the others
+        too (it revokes), so all of them meet in the same agreement.  Ranks stay
+        in step because each call is checked as one alone is: from the prediction
+        that its predecessors in ``calls`` make (see :mod:`.signature`), or on the
+        slow path at the call that differs from it, whose agreement meets the
+        others' at the end (after its timeout revoked their transfer of that call);
+        the exchange of signatures then says where each rank stopped
+        (:meth:`_same_calls`).  Signatures are all None or none is."""
+        if not calls:
+            return []
         if self._rehearsing:
-            return attempt(self.MPI.COMM_SELF)
+            return [attempt(self.MPI.COMM_SELF) for _, attempt in calls]
         if self._below_min is not None:
             raise self._below_min
-        if signature is not None:
-            if self.joining:
-                raise JoinOrderError(signature)
-            faults.at_collective()
+        if calls[0][0] is not None and self.joining:
+            raise JoinOrderError(calls[0][0])
         with self._in_mpi():
             while True:
-                started = time.perf_counter()
-                comm = self._comm
-                if signature is not None and (self._verified() or
-                                              not self._predictor.expects(signature)):
-                    wait = LEAVE_TIMEOUT if signature == LEAVE else self.mismatch_timeout
-                    pre = self._agree(comm, _OK | _CLEAN | _PRE, wait)
-                    if pre is None:
-                        self.repair(started)
-                        continue
-                    if pre & _POST or not pre & _PRE:
-                        self._mismatch(signature)
-                        continue
-                    if not self._same_calls(signature):
-                        continue
-                    comm = self._comm  # the exchange may have repaired it
-                try:
-                    flag, result, error = _OK | _CLEAN, attempt(comm), None
-                except self.MPI.Exception as exc:
-                    # Errors on a communicator that another rank revoked are not always
-                    # reported as ERR_REVOKED (alltoall said ERR_OTHER here): count them clean.
-                    clean = exc.Get_error_class() in self._failure_classes or comm.Is_revoked()
-                    self.revoke(comm)
-                    flag, result, error = (_CLEAN if clean else 0), None, exc
-                except Exception as exc:  # a local error must not leave the others blocked
-                    self.revoke(comm)
-                    flag, result, error = 0, None, exc
-                if signature is not None:
-                    faults.after_transfer()
-                agreed = self._agree(comm, flag | _POST)
-                if agreed is None:
-                    self.repair(started)
-                    continue
-                if agreed & _PRE or not agreed & _POST:
-                    self._mismatch(signature)
-                    continue
-                if agreed & _OK:
-                    if signature is not None:
-                        self._predictor.record(signature)
-                    return result
-                if not agreed & _CLEAN:
-                    self._application_error(error if not flag & _CLEAN else None, signature)
-                    continue  # an anomaly (see there): run again, verified
-                self.repair(started)
+                results = self._transaction(calls, time.perf_counter())
+                if results is not None:
+                    return results
+
+    def _transaction(self, calls: Sequence[tuple[Any, Callable[[Any], Any]]],
+                     started: float) -> list[Any] | None:
+        """One try of :meth:`run_many`: the results, or None when the ranks must try
+        again (after a repair, on the repaired communicator)."""
+        comm, walk, plan = self._comm, self._predictor.walk(), faults.active()
+        verify = calls[0][0] is not None and self._verified()
+        results, flag, error, position = [], _OK | _CLEAN, None, 0
+        for position, (signature, attempt) in enumerate(calls):
+            if signature is not None:
+                if plan is not None:
+                    plan.at_collective()
+                if verify or not walk.expects(signature):
+                    verify = False
+                    if not self._checked(comm, position, signature, started):
+                        return None
+                    if self._comm is not comm:  # repaired: the calls before had the old members
+                        return None
+                walk.passed(signature)
+            try:
+                results.append(attempt(comm))
+            except self.MPI.Exception as exc:
+                # Errors on a communicator that another rank revoked are not always
+                # reported as ERR_REVOKED (alltoall said ERR_OTHER here): count them clean.
+                clean = exc.Get_error_class() in self._failure_classes or comm.Is_revoked()
+                self.revoke(comm)
+                flag, error = (_CLEAN if clean else 0), exc
+            except Exception as exc:  # a local error must not leave the others blocked
+                self.revoke(comm)
+                flag, error = 0, exc
+            if signature is not None and plan is not None:
+                plan.after_transfer()
+            if error is not None:
+                break
+        signature = calls[position][0]
+        agreed = self._agree(comm, flag | _POST)
+        if agreed is None:
+            self.repair(started)
+        elif agreed & _PRE or not agreed & _POST:
+            self._mismatch(position, signature)
+        elif agreed & _OK:
+            walk.commit(self._predictor)
+            return results
+        elif not agreed & _CLEAN:
+            self._application_error(error if not flag & _CLEAN else None, signature)
+            # returned: an anomaly (see there); run again, verified
+        else:
+            self.repair(started)
+        return None
+
+    def _checked(self, comm: Any, position: int, signature: Any, started: float) -> bool:
+        """The slow path of the call at ``position``, which this rank did not predict:
+        True once every rank is known to call ``signature`` there; False when the
+        ranks must try the transaction again (see :meth:`run_many`)."""
+        wait = LEAVE_TIMEOUT if signature == LEAVE else self.mismatch_timeout
+        pre = self._agree(comm, _OK | _CLEAN | _PRE, wait)
+        if pre is None:
+            self.repair(started)
+            return False
+        if pre & _POST or not pre & _PRE:
+            self._mismatch(position, signature)
+            return False
+        return self._same_calls(position, signature)
 
     @contextlib.contextmanager
     def _in_mpi(self) -> Iterator[None]:
@@ -409,13 +449,13 @@ class ResilientComm(JoiningMixin, RepairMixin, CollectivesMixin):
         return self.run(None, attempt)
 
     # -- errors every rank raises ---------------------------------------------------
-    def _mismatch(self, signature: Any) -> None:
+    def _mismatch(self, position: int, signature: Any) -> None:
         """Ranks called different collectives: raise MismatchError on all of them --
         unless some of them are *leaving* (see :meth:`leave`): those raise
         :class:`LeftEarly` and exit, and the others return to retry their call, in
         which the leavers are found gone like any lost rank."""
         self.repair()  # drop whatever a mismatched transfer left
-        if not self._same_calls(signature):
+        if not self._same_calls(position, signature):
             return
         # Every rank called the same collective, yet the agreement said otherwise:
         # predictions are equal on every rank by construction (see .signature).
@@ -423,13 +463,23 @@ class ResilientComm(JoiningMixin, RepairMixin, CollectivesMixin):
                       signature=signature)
         self._predictor.load_state(self.run(None, lambda c: c.bcast(self._predictor.state())))
 
-    def _same_calls(self, signature: Any) -> bool:
-        """Whether every rank called ``signature`` (compared exactly, all ranks' in
-        full).  If not: MismatchError on every rank, or, when some ranks are leaving,
-        :class:`LeftEarly` on those and False on the others, which retry their call."""
-        signatures = self.run(None, lambda c: c.allgather(signature))
-        if all(s == signature for s in signatures):
+    def _same_calls(self, position: int, signature: Any) -> bool:
+        """Whether every rank called ``signature`` as call ``position`` of its
+        transaction (compared exactly, all ranks' in full).  If not: MismatchError on
+        every rank, or, when some ranks are leaving, :class:`LeftEarly` on those and
+        False on the others, which retry their call.
+
+        Also False when ranks stopped at different calls of one transaction: a
+        transfer completed on some ranks and was interrupted on the others (by a
+        failure, or by the revocation of a slow path's timeout), and all of them
+        then met in one agreement -- the per-call protocol's failed attempt, whose
+        results nobody uses; the transaction runs again."""
+        calls = self.run(None, lambda c: c.allgather((position, signature)))
+        if all(call == (position, signature) for call in calls):
             return True
+        if any(p != position for p, _ in calls):
+            return False
+        signatures = [s for _, s in calls]
         leaving = [s == LEAVE for s in signatures]
         if not any(leaving) or all(leaving):
             # Each rank's op name is said, not compared: Horovod lets ranks name a call alike

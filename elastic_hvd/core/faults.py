@@ -210,16 +210,11 @@ def configure(original_id: int | None, spec: str | None = None) -> FaultPlan:
     return plan
 
 
-def at_collective() -> None:
+def active() -> FaultPlan | None:
+    """This process's plan while it has faults left to fire, else None: what a
+    transaction of many collectives looks up once (its calls then count on it)."""
     plan = process.runtime().faults
-    if plan:
-        plan.at_collective()
-
-
-def after_transfer() -> None:
-    plan = process.runtime().faults
-    if plan:
-        plan.after_transfer()
+    return plan if plan else None
 
 
 def at_spawn() -> None:

@@ -40,8 +40,9 @@ def mpi_ops(MPI: Any) -> dict[ReduceOp, Any]:
 
 def mpi_op(MPI: Any, op: int) -> Any:
     """The MPI.Op of ``op`` (checked as :func:`check_op` does), without building the
-    table: a reduction asks for it on every call."""
-    return getattr(MPI, _MPI_NAMES[check_op(op)])
+    table or an enum member: a reduction asks for it on every call."""
+    name = _MPI_NAMES.get(op)  # type: ignore[call-overload]  # an int finds its IntEnum key
+    return getattr(MPI, name if name is not None else _MPI_NAMES[check_op(op)])
 
 
 def check_op(op: int) -> ReduceOp:

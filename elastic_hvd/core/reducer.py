@@ -25,6 +25,15 @@ ALIGN = 64
 #: Dtypes numpy cannot reduce, reduced in a wider one (by name: bfloat16 is
 #: ml_dtypes', which TF registers with numpy).
 _WIDEN = {"bfloat16": np.dtype(np.float32)}
+#: dtype -> the dtype its buffers travel in (``dtype.name`` costs microseconds per call).
+_wires: dict[np.dtype, np.dtype] = {}
+
+
+def _wire(dtype: np.dtype) -> np.dtype:
+    wire = _wires.get(dtype)
+    if wire is None:
+        wire = _wires[dtype] = _WIDEN.get(dtype.name, dtype)
+    return wire
 
 
 # Dtypes MPI reduces natively; float16 is reduced in float32 and rounded back once
@@ -120,6 +129,16 @@ def allreduce(comm: Any, array: np.ndarray, op: int = ReduceOp.SUM, prescale_fac
     other shapes (4x6 and 6x4) reduce elements that do not correspond; Horovod
     refuses them (its coordinator compares each tensor's full shape).
     """
+    signature, attempt, finish = _allreduce_call(comm, array, op, prescale_factor,
+                                                 postscale_factor, out, shapes)
+    return finish(comm.run(signature, attempt))
+
+
+def _allreduce_call(comm: Any, array: np.ndarray, op: int, prescale_factor: float,
+                    postscale_factor: float, out: np.ndarray | None,
+                    shapes: Sequence[Any] | None) -> tuple[Any, Any, Any]:
+    """:func:`allreduce` as ``(signature, attempt, finish)``: the call for
+    ``ResilientComm.run_many`` and what turns its outcome into the result."""
     x = contiguous(array)
     pieces = config.current().allreduce_piece_bytes
     # The piece size is part of the call: ranks cutting differently would mismatch.
@@ -142,12 +161,14 @@ def allreduce(comm: Any, array: np.ndarray, op: int = ReduceOp.SUM, prescale_fac
                           target.dtype.type(factor) if in_pieces else None, pieces)
         return target, 1.0 if in_pieces else factor
 
-    result, factor = comm.run(signature, attempt)
-    result = finish_reduce(result, x.dtype, factor)
-    if out is not None and result is not out:
-        out[...] = result
-        return out
-    return result
+    def finish(outcome: tuple[np.ndarray, float]) -> np.ndarray:
+        result = finish_reduce(outcome[0], x.dtype, outcome[1])
+        if out is not None and result is not out:
+            out[...] = result
+            return out
+        return result
+
+    return signature, attempt, finish
 
 
 def aligned_empty(count: int, dtype: Any) -> np.ndarray:
@@ -180,40 +201,76 @@ def _buffers(arrays: Sequence[np.ndarray], threshold: int) -> list[list[int]]:
 
 def fused_allreduce(comm: Any, arrays: Sequence[np.ndarray], op: int,
                     prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> list:
-    """Allreduce many arrays over ``comm`` in as few collectives as possible.
+    """Allreduce many arrays over ``comm`` in as few collectives as possible, all of
+    them one transaction (``ResilientComm.run_many``: one agreement).
 
     Arrays of one dtype are packed into buffers of at most the fusion threshold;
-    each buffer is one resilient collective, whose signature carries the arrays'
+    each buffer is one collective, whose signature carries the arrays'
     shapes (ranks that pack other shapes mismatch, even with equal sizes).  bfloat16
     is packed into float32 and its signature names bfloat16 too: ranks that pass
     bfloat16 and float32 mismatch, as Horovod's do, instead of summing together.
     Every result of a buffer in the arrays' own dtype starts on a 64-byte boundary
     (segments are padded with zeros), so TF can take it without a copy.
     """
-    results: list = [None] * len(arrays)
-    for batch in _buffers(arrays, config.current().fusion_threshold):
-        dtype = arrays[batch[0]].dtype
-        wire = _WIDEN.get(dtype.name, dtype)
-        align = max(1, ALIGN // wire.itemsize)
-        starts, total = [], 0
-        for j in batch:
-            starts.append(total)
-            total += -(-arrays[j].size // align) * align
-        if len(batch) == 1 and wire == dtype:
-            send = arrays[batch[0]].reshape(-1)
-        else:
-            send = np.zeros(total, dtype=wire)
+    calls, unpack = _fused_calls(comm, [arrays], op, prescale_factor, postscale_factor)
+    return unpack(comm.run_many(calls))
+
+
+def _fused_calls(comm: Any, groups: Sequence[Sequence[np.ndarray]], op: int,
+                 prescale_factor: float, postscale_factor: float) -> tuple[list, Any]:
+    """The collectives of :func:`fused_allreduce` for each group of arrays (each fused
+    separately), and what turns their outcomes into the results, flat, in order.
+    All buffers' results share one allocation, each at a 64-byte boundary."""
+    threshold = config.current().fusion_threshold
+    # (send, wire dtype, signature's shapes), one per collective
+    buffers: list[tuple[np.ndarray, np.dtype, list[Any]]] = []
+    # (result index, buffer, start, size, shape, dtype to cast to), one per array
+    unpacks: list[tuple[int, int, int, int, tuple[int, ...], np.dtype | None]] = []
+    first = 0
+    for arrays in groups:
+        for batch in _buffers(arrays, threshold):
+            dtype = arrays[batch[0]].dtype
+            wire = _wire(dtype)
+            align = max(1, ALIGN // wire.itemsize)
+            starts, total = [], 0
+            for j in batch:
+                starts.append(total)
+                total += -(-arrays[j].size // align) * align
+            if len(batch) == 1 and wire == dtype:
+                send = arrays[batch[0]].reshape(-1)
+            else:
+                send = np.zeros(total, dtype=wire)
+                for j, start in zip(batch, starts):
+                    send[start:start + arrays[j].size] = arrays[j].reshape(-1)
+            layout = [arrays[j].shape for j in batch]
             for j, start in zip(batch, starts):
-                send[start:start + arrays[j].size] = arrays[j].reshape(-1)
-        layout = [arrays[j].shape for j in batch]
-        reduced = comm.allreduce(send, op=op, prescale_factor=prescale_factor,
-                                 postscale_factor=postscale_factor,
-                                 out=aligned_empty(send.size, wire),
-                                 shapes=layout if wire == dtype else [dtype.name] + layout)
-        for j, start in zip(batch, starts):
-            segment = reduced[start:start + arrays[j].size].reshape(arrays[j].shape)
-            results[j] = segment if wire == dtype else segment.astype(dtype)
-    return results
+                unpacks.append((first + j, len(buffers), start, arrays[j].size, arrays[j].shape,
+                                None if wire == dtype else dtype))
+            buffers.append((send, wire, layout if wire == dtype else [dtype.name] + layout))
+        first += len(arrays)
+    offsets, nbytes = [], 0
+    for send, wire, _ in buffers:
+        offsets.append(nbytes)
+        nbytes += -(-send.size * wire.itemsize // ALIGN) * ALIGN
+    arena = aligned_empty(nbytes, np.uint8)
+    calls: list[tuple[Any, Any]] = []
+    finishes = []
+    for (send, wire, shapes), offset in zip(buffers, offsets):
+        out = arena[offset:offset + send.size * wire.itemsize].view(wire)
+        signature, attempt, finish = _allreduce_call(comm, send, op, prescale_factor,
+                                                     postscale_factor, out, shapes)
+        calls.append((signature, attempt))
+        finishes.append(finish)
+
+    def unpack(outcomes: Sequence[Any]) -> list:
+        reduced = [finish(outcome) for finish, outcome in zip(finishes, outcomes)]
+        results: list = [None] * first
+        for index, buffer, start, size, shape, cast in unpacks:
+            segment = reduced[buffer][start:start + size].reshape(shape)
+            results[index] = segment if cast is None else segment.astype(cast)
+        return results
+
+    return calls, unpack
 
 
 def true_division_dtype(dtype: Any) -> np.dtype:
@@ -231,20 +288,21 @@ def reduce_step(comm: Any, *arrays: np.ndarray, sizes: Sequence[int], op: int,
 
     ``arrays``: dense arrays, ``sizes[g]`` of them for group ``g`` (each group fused
     separately), then a ``(values, indices)`` pair per sparse gradient, whose parts are
-    gathered from every rank (Average divides the values by the live size).  All of
-    it is one agreed transaction (``comm.consistent``): a rank lost anywhere inside
+    gathered from every rank (Average divides the values by the live size).  The
+    dense buffers are one transaction (one agreement: ``comm.run_many``); all of
+    it is one step transaction (``comm.consistent``): a rank lost anywhere inside
     makes the survivors redo all of it.  With ``commit`` it is the step transaction
     of :mod:`.session`, whose end commits the step there.
     Returns the dense results, then the gathered pairs, flat, in the same order.
     """
-    dense = sum(sizes)
+    groups, dense = [], 0
+    for count in sizes:
+        groups.append(arrays[dense:dense + count])
+        dense += count
 
     def attempt() -> list[Any]:
-        out, start = [], 0
-        for count in sizes:
-            out += fused_allreduce(comm, arrays[start:start + count], op, prescale_factor,
-                                   postscale_factor)
-            start += count
+        calls, unpack = _fused_calls(comm, groups, op, prescale_factor, postscale_factor)
+        out = unpack(comm.run_many(calls))
         for k in range(dense, len(arrays), 2):
             values = comm.allgather(arrays[k])
             if op == ReduceOp.AVERAGE:

@@ -8,7 +8,12 @@ call in it was verified, so the prediction is identical too: when a rank's call
 matches the prediction, every rank whose call matches it holds the *same*
 signature and may go straight to the data transfer.  Only a call that differs
 from the prediction takes the slow path (an agreement plus an exchange of
-signatures); see ``ResilientComm.run``.
+signatures); see ``ResilientComm.run_many``.
+
+A transaction of several calls predicts them along a :class:`Walk`, which learns
+from each call as the history will once they commit: a step's 200 gradients whose
+last layer differs from the others would otherwise miss half their predictions
+(the history says a bias is followed by the last kernel until the step commits).
 """
 
 from typing import Any
@@ -22,9 +27,9 @@ class SignaturePredictor:
         self._context: tuple[Any, ...] = (None, None)
         self._next: dict[tuple[Any, ...], Any] = {}
 
-    def expects(self, signature: Any) -> bool:
-        """True when ``signature`` is this rank's (and so every rank's) prediction."""
-        return self._next.get(self._context) == signature
+    def walk(self) -> "Walk":
+        """Predictions for the calls of one transaction, from the history so far."""
+        return Walk(self._context, self._next)
 
     def record(self, signature: Any) -> None:
         """Remember a call whose signature every rank verified."""
@@ -39,3 +44,29 @@ class SignaturePredictor:
 
     def load_state(self, state: dict[str, Any]) -> None:
         self._context, self._next = tuple(state["context"]), dict(state["next"])
+
+
+class Walk:
+    """Predictions along calls not recorded yet: each call :meth:`passed` is learned
+    here as :meth:`SignaturePredictor.record` would learn it, and all of them are
+    recorded (:meth:`commit`) only once every rank has completed them."""
+
+    def __init__(self, context: tuple[Any, ...], history: dict[tuple[Any, ...], Any]) -> None:
+        self._context, self._history = context, history
+        self._learned: dict[tuple[Any, ...], Any] = {}
+        self._calls: list[Any] = []
+
+    def expects(self, signature: Any) -> bool:
+        """True when ``signature`` is this rank's (and so every rank's) prediction."""
+        context = self._context
+        return self._learned.get(context, self._history.get(context)) == signature
+
+    def passed(self, signature: Any) -> None:
+        """The next call was ``signature`` (predicted, or verified by the slow path)."""
+        self._learned[self._context] = signature
+        self._context = (self._context[1], signature)
+        self._calls.append(signature)
+
+    def commit(self, predictor: SignaturePredictor) -> None:
+        for signature in self._calls:
+            predictor.record(signature)

@@ -82,19 +82,32 @@ def below_min(comm):
 
 
 def mismatch(comm, when="first"):
-    """Rank 1 passes a different shape: on the first call, or after a steady state."""
+    """Rank 1 passes a different shape: on the first call, after a steady state, or as
+    the 8th of 12 unfused gradients of a step (run with HOROVOD_FUSION_THRESHOLD=0)
+    after steady steps, when the others' calls are predicted and go on to its transfer."""
+    from elastic_hvd.core.reducer import reduce_step
+    shape = 9 if comm.original_id == 1 else 8
+
+    def step(last):
+        arrays = [np.ones(8, dtype=np.float32)] * 7 + [np.ones(last, dtype=np.float32)] \
+            + [np.ones(8, dtype=np.float32)] * 4
+        return reduce_step(comm, *arrays, sizes=[len(arrays)], op=core.ReduceOp.SUM,
+                           prescale_factor=1.0, postscale_factor=1.0, commit=False)[7]
     if when == "steady":
         for _ in range(5):
             comm.allreduce(np.ones(8, dtype=np.float32))
-    shape = 9 if comm.original_id == 1 else 8
+    if when == "in_a_step":
+        for _ in range(5):
+            step(8)
     error = None
     started = time.perf_counter()
     try:
-        comm.allreduce(np.ones(shape, dtype=np.float32))
+        step(shape) if when == "in_a_step" else comm.allreduce(np.ones(shape, dtype=np.float32))
     except core.MismatchError as exc:
         error = str(exc)
     seconds = time.perf_counter() - started
-    after = comm.allreduce(np.ones(8, dtype=np.float32))  # the communicator still works
+    # the communicator still works
+    after = step(8) if when == "in_a_step" else comm.allreduce(np.ones(8, dtype=np.float32))
     report.write(comm.original_id, error=error, seconds=seconds, after=after.tolist(),
                  size=comm.size)
 
@@ -222,10 +235,11 @@ def many_collectives(comm, count):
                  anomalies=len(comm.anomalies), events=events(comm))
 
 
-def step_pauses(comm, arrays="50", steps="3"):
+def step_pauses(comm, arrays="50", steps="4"):
     """``steps`` step transactions of ``arrays`` small arrays, unfused (run with
-    HOROVOD_FUSION_THRESHOLD=0): how often the heartbeat's progress loop paused, and
-    whether every result is the sum."""
+    HOROVOD_FUSION_THRESHOLD=0): how often per step the heartbeat's progress loop
+    paused and the ranks agreed (``MPI_Comm_agree``), how many collectives the
+    transactions held, and whether every result is the sum."""
     from elastic_hvd.core.reducer import reduce_step
     progress = comm._heartbeat._progress
     pauses, pause = [], progress.pause
@@ -234,23 +248,30 @@ def step_pauses(comm, arrays="50", steps="3"):
         pauses.append(1)
         pause()
     progress.pause = counted
-    calls, allreduce = [], comm.allreduce
+    agreements, agreement = [], comm._agreement
 
-    def counted_allreduce(*args, **kwargs):
-        calls.append(1)
-        return allreduce(*args, **kwargs)
-    comm.allreduce = counted_allreduce
+    def counted_agreement(*args):
+        agreements.append(1)
+        return agreement(*args)
+    comm._agreement = counted_agreement
+    calls, run_many = [], comm.run_many
+
+    def counted_run_many(batch):
+        calls.extend(1 for signature, _ in batch if signature is not None)
+        return run_many(batch)
+    comm.run_many = counted_run_many
     inputs = [contribution(comm.original_id, 16 + k) for k in range(int(arrays))]
-    right, per_step = True, []
+    right, per_step, agreed = True, [], []
     for _ in range(int(steps)):
-        before = len(pauses)
+        before, agreed_before = len(pauses), len(agreements)
         out = reduce_step(comm, *inputs, sizes=[len(inputs)], op=core.ReduceOp.SUM,
                           prescale_factor=1.0, postscale_factor=1.0, commit=False)
         per_step.append(len(pauses) - before)
+        agreed.append(len(agreements) - agreed_before)
         right &= all(np.array_equal(o, sum(contribution(i, 16 + k) for i in comm.ids))
                      for k, o in enumerate(out))
     report.write(comm.original_id, pauses_per_step=per_step, right=bool(right),
-                 allreduces=len(calls))
+                 allreduces=len(calls), agreements_per_step=agreed)
 
 
 def elastic_flag(comm):
