@@ -129,18 +129,17 @@ def allreduce(comm: Any, array: np.ndarray, op: int = ReduceOp.SUM, prescale_fac
     other shapes (4x6 and 6x4) reduce elements that do not correspond; Horovod
     refuses them (its coordinator compares each tensor's full shape).
     """
-    signature, attempt, finish = _allreduce_call(comm, array, op, prescale_factor,
-                                                 postscale_factor, out, shapes)
+    signature, attempt, finish = _allreduce_call(comm, contiguous(array), op, prescale_factor,
+                                                 postscale_factor, out, shapes,
+                                                 config.current().allreduce_piece_bytes)
     return finish(comm.run(signature, attempt))
 
 
-def _allreduce_call(comm: Any, array: np.ndarray, op: int, prescale_factor: float,
+def _allreduce_call(comm: Any, x: np.ndarray, op: int, prescale_factor: float,
                     postscale_factor: float, out: np.ndarray | None,
-                    shapes: Sequence[Any] | None) -> tuple[Any, Any, Any]:
-    """:func:`allreduce` as ``(signature, attempt, finish)``: the call for
-    ``ResilientComm.run_many`` and what turns its outcome into the result."""
-    x = contiguous(array)
-    pieces = config.current().allreduce_piece_bytes
+                    shapes: Sequence[Any] | None, pieces: int) -> tuple[Any, Any, Any]:
+    """:func:`allreduce` of the C-contiguous ``x`` as ``(signature, attempt, finish)``:
+    the call for ``ResilientComm.run_many`` and what turns its outcome into the result."""
     # The piece size is part of the call: ranks cutting differently would mismatch.
     signature = ("allreduce", x.dtype.str, x.shape if shapes is None else tuple(shapes),
                  int(op), float(prescale_factor), float(postscale_factor), pieces)
@@ -221,44 +220,47 @@ def _fused_calls(comm: Any, groups: Sequence[Sequence[np.ndarray]], op: int,
     """The collectives of :func:`fused_allreduce` for each group of arrays (each fused
     separately), and what turns their outcomes into the results, flat, in order.
     All buffers' results share one allocation, each at a 64-byte boundary."""
-    threshold = config.current().fusion_threshold
-    # (send, wire dtype, signature's shapes), one per collective
-    buffers: list[tuple[np.ndarray, np.dtype, list[Any]]] = []
+    settings = config.current()
+    # (send, wire dtype, signature's shapes, byte offset of its result), one per collective
+    buffers: list[tuple[np.ndarray, np.dtype, list[Any], int]] = []
     # (result index, buffer, start, size, shape, dtype to cast to), one per array
     unpacks: list[tuple[int, int, int, int, tuple[int, ...], np.dtype | None]] = []
-    first = 0
+    first = nbytes = 0
     for arrays in groups:
-        for batch in _buffers(arrays, threshold):
+        for batch in _buffers(arrays, settings.fusion_threshold):
             dtype = arrays[batch[0]].dtype
             wire = _wire(dtype)
-            align = max(1, ALIGN // wire.itemsize)
-            starts, total = [], 0
-            for j in batch:
-                starts.append(total)
-                total += -(-arrays[j].size // align) * align
-            if len(batch) == 1 and wire == dtype:
-                send = arrays[batch[0]].reshape(-1)
+            if len(batch) == 1 and wire == dtype:  # unfused: the array as it is
+                array = arrays[batch[0]]
+                layout: list[Any] = [array.shape]
+                send = array.reshape(-1)
+                unpacks.append((first + batch[0], len(buffers), 0, array.size, array.shape,
+                                None))
             else:
+                align = max(1, ALIGN // wire.itemsize)
+                starts, total = [], 0
+                for j in batch:
+                    starts.append(total)
+                    total += -(-arrays[j].size // align) * align
                 send = np.zeros(total, dtype=wire)
                 for j, start in zip(batch, starts):
                     send[start:start + arrays[j].size] = arrays[j].reshape(-1)
-            layout = [arrays[j].shape for j in batch]
-            for j, start in zip(batch, starts):
-                unpacks.append((first + j, len(buffers), start, arrays[j].size, arrays[j].shape,
-                                None if wire == dtype else dtype))
-            buffers.append((send, wire, layout if wire == dtype else [dtype.name] + layout))
+                    unpacks.append((first + j, len(buffers), start, arrays[j].size,
+                                    arrays[j].shape, None if wire == dtype else dtype))
+                layout = [arrays[j].shape for j in batch]
+                if wire != dtype:
+                    layout = [dtype.name] + layout
+            buffers.append((send, wire, layout, nbytes))
+            nbytes += -(-send.size * wire.itemsize // ALIGN) * ALIGN
         first += len(arrays)
-    offsets, nbytes = [], 0
-    for send, wire, _ in buffers:
-        offsets.append(nbytes)
-        nbytes += -(-send.size * wire.itemsize // ALIGN) * ALIGN
     arena = aligned_empty(nbytes, np.uint8)
     calls: list[tuple[Any, Any]] = []
     finishes = []
-    for (send, wire, shapes), offset in zip(buffers, offsets):
+    for send, wire, shapes, offset in buffers:
         out = arena[offset:offset + send.size * wire.itemsize].view(wire)
         signature, attempt, finish = _allreduce_call(comm, send, op, prescale_factor,
-                                                     postscale_factor, out, shapes)
+                                                     postscale_factor, out, shapes,
+                                                     settings.allreduce_piece_bytes)
         calls.append((signature, attempt))
         finishes.append(finish)
 
