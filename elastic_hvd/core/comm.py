@@ -229,23 +229,28 @@ class ResilientComm(JoiningMixin, RepairMixin, CollectivesMixin):
             raise self._below_min
         if calls[0][0] is not None and self.joining:
             raise JoinOrderError(calls[0][0])
+        reached = [0]
         with self._in_mpi():
             while True:
-                results = self._transaction(calls, time.perf_counter())
+                results = self._transaction(calls, time.perf_counter(), reached)
                 if results is not None:
                     return results
 
     def _transaction(self, calls: Sequence[tuple[Any, Callable[[Any], Any]]],
-                     started: float) -> list[Any] | None:
+                     started: float, reached: list[int]) -> list[Any] | None:
         """One try of :meth:`run_many`: the results, or None when the ranks must try
-        again (after a repair, on the repaired communicator)."""
+        again (after a repair, on the repaired communicator).  ``reached[0]``: how many
+        calls earlier tries reached -- a fault plan counts each call once, when it is
+        first reached, however often it runs (tests name "the Nth collective")."""
         comm, walk, plan = self._comm, self._predictor.walk(), faults.active()
         verify = calls[0][0] is not None and self._verified()
         results, flag, error, position = [], _OK | _CLEAN, None, 0
         for position, (signature, attempt) in enumerate(calls):
             if signature is not None:
-                if plan is not None:
-                    plan.at_collective()
+                if position == reached[0]:
+                    reached[0] += 1
+                    if plan is not None:
+                        plan.at_collective()
                 if verify or not walk.expects(signature):
                     verify = False
                     if not self._checked(comm, position, signature, started):
