@@ -164,9 +164,10 @@ class Reporter(keras.callbacks.Callback):
                      "unit": unit, "odd": odd, "mse": float((logs or {}).get("mse", np.nan))})
 
     def on_epoch_end(self, epoch, logs=None):
-        self._write({"epoch_end": epoch, "t": time.time(), "pid": os.getpid(),
+        now = time.time()  # what the record says is what this rank judged the deadline by
+        self._write({"epoch_end": epoch, "t": now, "pid": os.getpid(),
                      "rank": runtime.current().rank})
-        late = np.array([1.0 if time.time() >= self.deadline else 0.0])
+        late = np.array([1.0 if now >= self.deadline else 0.0])
         if runtime.current().allreduce(late, op=core.Max)[0] > 0:
             self.model.stop_training = True
 

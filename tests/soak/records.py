@@ -40,6 +40,7 @@ class JobRecords:
         self.steps = {}  # step number -> [record of each rank that committed it]
         self.commit_time = {}  # step number -> earliest time a rank reported it
         self.epoch_ends = {}  # epoch -> earliest time a rank reported its end
+        self.last_epoch_end = None  # latest time any rank reported an epoch's end
         self.latest = {}  # pid -> its newest step record: the members of the job
         self.procs = {}  # pid -> what the process wrote when it started (+ "ready", "end")
         self.events = []  # the job's event log (membership changes)
@@ -56,6 +57,7 @@ class JobRecords:
             for record in self._tail(path):
                 if "epoch_end" in record:
                     self.epoch_ends.setdefault(record["epoch_end"], record["t"])
+                    self.last_epoch_end = max(self.last_epoch_end or 0.0, record["t"])
                     continue
                 new.append(record)
                 self.steps.setdefault(record["step"], []).append(record)
