@@ -74,7 +74,7 @@ def _predicted(predictor, transaction):
     for signature in transaction:
         missed += not walk.expects(signature)
         walk.passed(signature)
-    walk.commit(predictor)
+    walk.commit()
     return missed
 
 

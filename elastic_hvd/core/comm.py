@@ -280,7 +280,7 @@ class ResilientComm(JoiningMixin, RepairMixin, CollectivesMixin):
         elif agreed & _PRE or not agreed & _POST:
             self._mismatch(position, signature)
         elif agreed & _OK:
-            walk.commit(self._predictor)
+            walk.commit()
             return results
         elif not agreed & _CLEAN:
             self._application_error(error if not flag & _CLEAN else None, signature)

@@ -29,7 +29,7 @@ class SignaturePredictor:
 
     def walk(self) -> "Walk":
         """Predictions for the calls of one transaction, from the history so far."""
-        return Walk(self._context, self._next)
+        return Walk(self)
 
     def record(self, signature: Any) -> None:
         """Remember a call whose signature every rank verified."""
@@ -51,15 +51,16 @@ class Walk:
     here as :meth:`SignaturePredictor.record` would learn it, and all of them are
     recorded (:meth:`commit`) only once every rank has completed them."""
 
-    def __init__(self, context: tuple[Any, ...], history: dict[tuple[Any, ...], Any]) -> None:
-        self._context, self._history = context, history
+    def __init__(self, predictor: SignaturePredictor) -> None:
+        self._predictor = predictor
+        self._context = predictor._context
         self._learned: dict[tuple[Any, ...], Any] = {}
         self._calls: list[Any] = []
 
     def expects(self, signature: Any) -> bool:
         """True when ``signature`` is this rank's (and so every rank's) prediction."""
         context = self._context
-        return self._learned.get(context, self._history.get(context)) == signature
+        return self._learned.get(context, self._predictor._next.get(context)) == signature
 
     def passed(self, signature: Any) -> None:
         """The next call was ``signature`` (predicted, or verified by the slow path)."""
@@ -67,6 +68,6 @@ class Walk:
         self._context = (self._context[1], signature)
         self._calls.append(signature)
 
-    def commit(self, predictor: SignaturePredictor) -> None:
+    def commit(self) -> None:
         for signature in self._calls:
-            predictor.record(signature)
+            self._predictor.record(signature)
