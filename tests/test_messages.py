@@ -37,17 +37,30 @@ def changes(output):
 # -- units ---------------------------------------------------------------------------------
 def test_mismatch_names_each_ranks_op_dtype_and_real_shape():
     # Before: "rank 0: ('allreduce', '<f4', ((2, 3),), 0, 1.0, 1.0, 1048576)".
-    text = str(MismatchError([("allreduce", "<f4", ((2, 3),), 0, 1.0, 1.0, 1 << 20),
-                              ("allreduce", "<f4", ((3, 2),), 0, 1.0, 1.0, 1 << 20)],
+    text = str(MismatchError([("allreduce", "<f4", ((2, 3),), 0, 1.0, 1.0, 1 << 20, (1,)),
+                              ("allreduce", "<f4", ((3, 2),), 0, 1.0, 1.0, 1 << 20, (1,))],
                              ["grad_x", "grad_x"]))
     assert text == ("ranks disagree on the collective they called (they differ in: shape):\n"
                     "  rank 0: allreduce name='grad_x' dtype=float32 shape=(2, 3) op=Average\n"
                     "  rank 1: allreduce name='grad_x' dtype=float32 shape=(3, 2) op=Average")
-    bf16 = str(MismatchError([("allreduce", "<f4", ("bfloat16", (4,), (2, 2)), 1, 1.0, 2.0, 8),
-                              ("allreduce", "<f4", ((4,), (2, 2)), 1, 1.0, 1.0, 8)]))
+    bf16 = str(MismatchError([
+        ("allreduce", "<f4", ("bfloat16", (4,), (2, 2)), 1, 1.0, 2.0, 8, (2,)),
+        ("allreduce", "<f4", ((4,), (2, 2)), 1, 1.0, 1.0, 8, (2,))]))
     assert "they differ in: dtype, postscale_factor" in bf16
-    assert "dtype=bfloat16 (reduced as float32) shape=[(4,), (2, 2)] op=Sum postscale_factor=2.0" \
-        in bf16
+    assert "dtype=bfloat16 (reduced as float32) shape=[(4,), (2, 2)] (2 tensors) op=Sum " \
+        "postscale_factor=2.0" in bf16
+    # 200 fused shapes: said from the first that differs, equal neighbours counted
+    many = [("allreduce", "<f4", ((8,),) * 150 + (last,) + ((8,),) * 49, 1, 1.0, 1.0, 8, cut)
+            for last, cut in (((8,), (1,) * 200), ((9,), (1,) * 200), ((8,), (200,)))]
+    text = str(MismatchError(many[:2]))
+    assert "rank 0: allreduce dtype=float32 shape=[from tensor 150: (8,) x50] (200 tensors)" in text
+    assert "rank 1: allreduce dtype=float32 shape=[from tensor 150: (9,), (8,) x49] (200 tensors)" \
+        in text
+    # the same tensors cut into other buffers (another HOROVOD_FUSION_THRESHOLD)
+    text = str(MismatchError([many[0], many[2]]))
+    assert "(they differ in: tensors_per_buffer)" in text
+    assert "shape=[(8,) x200] (200 tensors) op=Sum tensors_per_buffer=(1 x200)\n" in text
+    assert text.endswith("tensors_per_buffer=(200)")
     kinds = str(MismatchError([("broadcast", "<i8", (3,), 1), ("barrier",)], ["w", ""]))
     assert "(they differ in: the collective)" in kinds
     assert "rank 0: broadcast name='w' dtype=int64 shape=(3,) root_rank=1\n  rank 1: barrier" \

@@ -59,13 +59,14 @@ class MismatchError(ElasticHvdError, ValueError):
         # (a rank lost while the names were gathered leaves them unmatched: none then)
         self.names = list(names) if names is not None and len(names) == len(self.signatures) \
             else [""] * len(self.signatures)
-        calls = [_labelled(s) for s in self.signatures]
+        at = _first_difference(self.signatures)
+        calls = [_labelled(s, at) for s in self.signatures]
         if len({s[0] for s in self.signatures}) > 1:
             differ = ["the collective"]
         else:
             differ = [f for f in calls[0] if len({c.get(f) for c in calls}) > 1]
         lines = "\n".join(
-            f"  rank {r}: {describe_call(s, n, differ)}"
+            f"  rank {r}: {describe_call(s, n, differ, at)}"
             for r, (s, n) in enumerate(zip(self.signatures, self.names)))
         super().__init__(f"ranks disagree on the collective they called (they differ in: "
                          f"{', '.join(differ)}):\n{lines}")
@@ -75,7 +76,7 @@ class MismatchError(ElasticHvdError, ValueError):
 #: ``collectives.py``), so that a mismatch names each part.
 SIGNATURE_FIELDS = {
     "allreduce": ("dtype", "shape", "op", "prescale_factor", "postscale_factor",
-                  "allreduce_piece_bytes"),
+                  "allreduce_piece_bytes", "tensors_per_buffer"),
     "allgather": ("dtype", "shape[1:]"),
     "broadcast": ("dtype", "shape", "root_rank"),
     "alltoall": ("dtype", "shape[1:]", "splits"),
@@ -83,22 +84,45 @@ SIGNATURE_FIELDS = {
     "broadcast_object": ("root_rank",),
 }
 #: Parts said only where ranks differ in them.
-_QUIET = ("prescale_factor", "postscale_factor", "allreduce_piece_bytes")
+_QUIET = ("prescale_factor", "postscale_factor", "allreduce_piece_bytes", "tensors_per_buffer")
 
 
 def describe_call(signature: tuple[Any, ...], name: str = "",
-                  show: Container[str] = ()) -> str:
+                  show: Container[str] = (), at: int = 0) -> str:
     """One rank's call with its parts labelled, its real shapes and dtype names, e.g.
     ``allreduce name='loss' dtype=float32 shape=(2, 3) op=Average``; the parts in
-    :data:`_QUIET` only when named in ``show``."""
+    :data:`_QUIET` only when named in ``show``; tensors fused into one call from
+    tensor ``at`` on."""
     parts = [signature[0]] + ([f"name={name!r}"] if name else [])
-    parts += [f"{field}={text}" for field, text in _labelled(signature).items()
+    parts += [f"{field}={text}" for field, text in _labelled(signature, at).items()
               if field not in _QUIET or field in show]
     return " ".join(parts)
 
 
-def _labelled(signature: tuple[Any, ...]) -> dict[str, str]:
-    """``{part: text}`` of a signature (after its kind)."""
+def _fused_shapes(signature: tuple[Any, ...]) -> list[tuple[Any, ...]] | None:
+    """The shapes of the tensors an allreduce call fuses (None for one tensor or another
+    collective), without the name of a dtype reduced in a wider one."""
+    shapes = signature[2] if signature[0] == "allreduce" and len(signature) > 2 else None
+    if not shapes or isinstance(shapes[0], int):
+        return None
+    return [tuple(s) for s in shapes if not isinstance(s, str)]
+
+
+def _first_difference(signatures: Sequence[tuple[Any, ...]]) -> int:
+    """The first tensor whose shape differs between calls that fuse many (0 if none
+    does): 200 fused shapes are said from there on, not from the first."""
+    found = [shapes for shapes in map(_fused_shapes, signatures) if shapes is not None]
+    if len(found) < len(signatures):
+        return 0
+    for k, shapes in enumerate(zip(*found)):
+        if len(set(shapes)) > 1:
+            return k
+    shortest = min(map(len, found))
+    return shortest if any(len(shapes) != shortest for shapes in found) else 0
+
+
+def _labelled(signature: tuple[Any, ...], at: int = 0) -> dict[str, str]:
+    """``{part: text}`` of a signature (after its kind); fused tensors from ``at`` on."""
     names, rest = SIGNATURE_FIELDS.get(signature[0], ()), signature[1:]
     if len(names) != len(rest):  # a kind this table does not know: numbered parts
         return {f"part{i + 1}": repr(value) for i, value in enumerate(rest)}
@@ -109,6 +133,8 @@ def _labelled(signature: tuple[Any, ...]) -> dict[str, str]:
             texts[field] = _dtype_name(value)
         elif field == "op":
             texts[field] = ReduceOp(value).name.title()
+        elif field == "tensors_per_buffer":
+            texts[field] = f"({_runs(value)})"
         elif field == "splits":
             texts[field] = "none" if value else "given"
         elif field == "shape" and value and not isinstance(value[0], int):
@@ -117,17 +143,31 @@ def _labelled(signature: tuple[Any, ...]) -> dict[str, str]:
             packed = [d for d in value if isinstance(d, str)]
             if packed:
                 texts["dtype"] = f"{packed[0]} (reduced as {texts['dtype']})"
-            texts[field] = _shapes([tuple(s) for s in value if not isinstance(s, str)])
+            texts[field] = _shapes([tuple(s) for s in value if not isinstance(s, str)], at)
         else:
             texts[field] = repr(value)
     return texts
 
 
-def _shapes(shapes: Sequence[tuple[Any, ...]]) -> str:
+def _shapes(shapes: Sequence[tuple[Any, ...]], at: int = 0) -> str:
+    """Shapes of fused tensors from tensor ``at`` on (see :func:`_runs`)."""
     if len(shapes) == 1:
         return str(shapes[0])
-    listed = ", ".join(map(str, shapes[:4]))
-    return f"[{listed}{f', ... ({len(shapes)} tensors)' if len(shapes) > 4 else ''}]"
+    start = f"from tensor {at}: " if at else ""
+    return f"[{start}{_runs(shapes[at:])}] ({len(shapes)} tensors)"
+
+
+def _runs(items: Sequence[Any], limit: int = 4) -> str:
+    """``items`` with equal neighbours counted (``(8,) x7, (9,)``), the first ``limit`` runs."""
+    runs: list[list[Any]] = []
+    for item in items:
+        if runs and runs[-1][0] == item:
+            runs[-1][1] += 1
+        else:
+            runs.append([item, 1])
+    listed = ", ".join(f"{item} x{count}" if count > 1 else str(item)
+                       for item, count in runs[:limit])
+    return listed + (", ..." if len(runs) > limit else "")
 
 
 def _dtype_name(text: Any) -> str:

@@ -129,45 +129,61 @@ def allreduce(comm: Any, array: np.ndarray, op: int = ReduceOp.SUM, prescale_fac
     other shapes (4x6 and 6x4) reduce elements that do not correspond; Horovod
     refuses them (its coordinator compares each tensor's full shape).
     """
-    signature, attempt, finish = _allreduce_call(comm, contiguous(array), op, prescale_factor,
-                                                 postscale_factor, out, shapes,
-                                                 config.current().allreduce_piece_bytes)
-    return finish(comm.run(signature, attempt))
+    x = contiguous(array)
+    pieces = config.current().allreduce_piece_bytes
+    signature = _signature(x.dtype, x.shape if shapes is None else tuple(shapes), op,
+                           prescale_factor, postscale_factor, pieces, (1,))
+    targets, factor = comm.run(signature, _reduction(comm, [x], op, prescale_factor,
+                                                     postscale_factor, [out], pieces))
+    result = finish_reduce(targets[0], x.dtype, factor)
+    if out is not None and result is not out:
+        out[...] = result
+        return out
+    return result
 
 
-def _allreduce_call(comm: Any, x: np.ndarray, op: int, prescale_factor: float,
-                    postscale_factor: float, out: np.ndarray | None,
-                    shapes: Sequence[Any] | None, pieces: int) -> tuple[Any, Any, Any]:
-    """:func:`allreduce` of the C-contiguous ``x`` as ``(signature, attempt, finish)``:
-    the call for ``ResilientComm.run_many`` and what turns its outcome into the result."""
-    # The piece size is part of the call: ranks cutting differently would mismatch.
-    signature = ("allreduce", x.dtype.str, x.shape if shapes is None else tuple(shapes),
-                 int(op), float(prescale_factor), float(postscale_factor), pieces)
+def _signature(dtype: np.dtype, shapes: Any, op: int, prescale_factor: float,
+               postscale_factor: float, pieces: int, buffers: tuple[int, ...]) -> tuple:
+    """What ranks must agree on before an allreduce of ``dtype`` arrays: ``shapes``,
+    the reduction, and how the arrays are cut into MPI calls -- the piece size and
+    ``buffers`` (tensors per buffer, one MPI_Allreduce each): ranks that cut
+    differently would pair calls of different sizes."""
+    return ("allreduce", dtype.str, shapes, int(op), float(prescale_factor),
+            float(postscale_factor), pieces, buffers)
 
-    def attempt(mpi_comm: Any) -> tuple[np.ndarray, float]:
+
+def _reduction(comm: Any, sends: Sequence[np.ndarray], op: int, prescale_factor: float,
+               postscale_factor: float, outs: Sequence[np.ndarray | None],
+               pieces: int) -> Any:
+    """The attempt of one allreduce call for ``ResilientComm.run_many``: each of ``sends``
+    (C-contiguous arrays of one dtype) reduced by its own MPI_Allreduce (in pieces when
+    large) into its ``outs`` entry when that fits.  Returns ``(targets, factor)``:
+    the reduced arrays and the factor :func:`finish_reduce` still has to apply.
+
+    One call for a step's 200 unfused gradients, not 200: the signature that
+    covers them all is checked once, and the loop below is all the Python an
+    array costs (Horovod's coordinator too negotiates a cycle's tensors at once)."""
+    def attempt(mpi_comm: Any) -> tuple[list[np.ndarray], float]:
         # validation happens here, once ranks agree on the call
         reduction = mpi_op(comm.MPI, op)
-        send = reduce_input(x, prescale_factor)
-        if out is not None and (out.shape != x.shape or out.dtype != x.dtype):
-            raise ValueError(f"out has shape {out.shape} and dtype {out.dtype}; "
-                             f"expected {x.shape} and {x.dtype}")
-        target = out if out is not None and send.dtype == out.dtype else np.empty_like(send)
         factor = postscale_factor / (mpi_comm.size if op == ReduceOp.AVERAGE else 1)
+        dtype = sends[0].dtype
         # float32/float64 are scaled piece by piece while in cache; the others need
         # their own rounding (_scale), done once the sum is complete.
-        in_pieces = factor != 1.0 and target.dtype == x.dtype and x.dtype.kind == "f"
-        _allreduce_pieces(mpi_comm, send, target, reduction,
-                          target.dtype.type(factor) if in_pieces else None, pieces)
-        return target, 1.0 if in_pieces else factor
+        in_pieces = factor != 1.0 and dtype.kind == "f" and dtype != np.float16
+        scale = dtype.type(factor) if in_pieces else None
+        targets = []
+        for x, out in zip(sends, outs):
+            send = reduce_input(x, prescale_factor)
+            if out is not None and (out.shape != x.shape or out.dtype != x.dtype):
+                raise ValueError(f"out has shape {out.shape} and dtype {out.dtype}; "
+                                 f"expected {x.shape} and {x.dtype}")
+            target = out if out is not None and send.dtype == out.dtype else np.empty_like(send)
+            _allreduce_pieces(mpi_comm, send, target, reduction, scale, pieces)
+            targets.append(target)
+        return targets, 1.0 if in_pieces else factor
 
-    def finish(outcome: tuple[np.ndarray, float]) -> np.ndarray:
-        result = finish_reduce(outcome[0], x.dtype, outcome[1])
-        if out is not None and result is not out:
-            out[...] = result
-            return out
-        return result
-
-    return signature, attempt, finish
+    return attempt
 
 
 def aligned_empty(count: int, dtype: Any) -> np.ndarray:
@@ -178,14 +194,15 @@ def aligned_empty(count: int, dtype: Any) -> np.ndarray:
     return raw[start:start + count * dtype.itemsize].view(dtype)
 
 
-def _buffers(arrays: Sequence[np.ndarray], threshold: int) -> list[list[int]]:
-    """Indices of ``arrays`` per fusion buffer: one dtype each, at most ``threshold``
-    bytes unless one array alone is larger; arrays in their given order."""
+def _buffers(arrays: Sequence[np.ndarray], threshold: int) -> list[list[list[int]]]:
+    """Indices of ``arrays`` per fusion buffer, per dtype: each buffer at most
+    ``threshold`` bytes unless one array alone is larger; arrays in their given order."""
     by_dtype: dict[np.dtype, list[int]] = {}
     for i, a in enumerate(arrays):
         by_dtype.setdefault(a.dtype, []).append(i)
-    buffers = []
+    per_dtype = []
     for indices in by_dtype.values():
+        buffers: list[list[int]] = []
         batch: list[int] = []
         nbytes = 0
         for i in indices:
@@ -195,21 +212,23 @@ def _buffers(arrays: Sequence[np.ndarray], threshold: int) -> list[list[int]]:
             batch.append(i)
             nbytes += arrays[i].nbytes
         buffers.append(batch)
-    return buffers
+        per_dtype.append(buffers)
+    return per_dtype
 
 
 def fused_allreduce(comm: Any, arrays: Sequence[np.ndarray], op: int,
                     prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> list:
-    """Allreduce many arrays over ``comm`` in as few collectives as possible, all of
-    them one transaction (``ResilientComm.run_many``: one agreement).
+    """Allreduce many arrays over ``comm`` in as few MPI calls as the fusion threshold
+    allows, all of them one transaction (``ResilientComm.run_many``: one agreement).
 
-    Arrays of one dtype are packed into buffers of at most the fusion threshold;
-    each buffer is one collective, whose signature carries the arrays'
-    shapes (ranks that pack other shapes mismatch, even with equal sizes).  bfloat16
-    is packed into float32 and its signature names bfloat16 too: ranks that pass
-    bfloat16 and float32 mismatch, as Horovod's do, instead of summing together.
-    Every result of a buffer in the arrays' own dtype starts on a 64-byte boundary
-    (segments are padded with zeros), so TF can take it without a copy.
+    Arrays of one dtype are packed into buffers of at most the fusion threshold,
+    one MPI_Allreduce each; they are one call of the transaction, whose signature
+    carries the arrays' shapes (ranks that pack other shapes mismatch, even with
+    equal sizes) and the cut into buffers.  bfloat16 is packed into float32 and its
+    signature names bfloat16 too: ranks that pass bfloat16 and float32 mismatch, as
+    Horovod's do, instead of summing together.  Every result of a buffer in the
+    arrays' own dtype starts on a 64-byte boundary (segments are padded with
+    zeros), so TF can take it without a copy.
     """
     calls, unpack = _fused_calls(comm, [arrays], op, prescale_factor, postscale_factor)
     return unpack(comm.run_many(calls))
@@ -217,58 +236,64 @@ def fused_allreduce(comm: Any, arrays: Sequence[np.ndarray], op: int,
 
 def _fused_calls(comm: Any, groups: Sequence[Sequence[np.ndarray]], op: int,
                  prescale_factor: float, postscale_factor: float) -> tuple[list, Any]:
-    """The collectives of :func:`fused_allreduce` for each group of arrays (each fused
-    separately), and what turns their outcomes into the results, flat, in order.
-    All buffers' results share one allocation, each at a 64-byte boundary."""
+    """The calls of :func:`fused_allreduce` for each group of arrays (each fused
+    separately; one call per group and dtype), and what turns their outcomes into
+    the results, flat, in order.  All buffers' results share one allocation, each at
+    a 64-byte boundary."""
     settings = config.current()
-    # (send, wire dtype, signature's shapes, byte offset of its result), one per collective
-    buffers: list[tuple[np.ndarray, np.dtype, list[Any], int]] = []
-    # (result index, buffer, start, size, shape, dtype to cast to), one per array
-    unpacks: list[tuple[int, int, int, int, tuple[int, ...], np.dtype | None]] = []
+    pieces = settings.allreduce_piece_bytes
+    # (sends, wire dtype, signature, byte offset of each result), one per call
+    planned: list[tuple[list[np.ndarray], np.dtype, tuple, list[int]]] = []
+    # (result index, call, buffer, start, size, shape, dtype to cast to), one per array
+    unpacks: list[tuple[int, int, int, int, int, tuple[int, ...], np.dtype | None]] = []
     first = nbytes = 0
     for arrays in groups:
-        for batch in _buffers(arrays, settings.fusion_threshold):
-            dtype = arrays[batch[0]].dtype
-            wire = _wire(dtype)
-            if len(batch) == 1 and wire == dtype:  # unfused: the array as it is
-                array = arrays[batch[0]]
-                layout: list[Any] = [array.shape]
-                send = array.reshape(-1)
-                unpacks.append((first + batch[0], len(buffers), 0, array.size, array.shape,
-                                None))
-            else:
-                align = max(1, ALIGN // wire.itemsize)
-                starts, total = [], 0
-                for j in batch:
-                    starts.append(total)
-                    total += -(-arrays[j].size // align) * align
-                send = np.zeros(total, dtype=wire)
-                for j, start in zip(batch, starts):
-                    send[start:start + arrays[j].size] = arrays[j].reshape(-1)
-                    unpacks.append((first + j, len(buffers), start, arrays[j].size,
-                                    arrays[j].shape, None if wire == dtype else dtype))
-                layout = [arrays[j].shape for j in batch]
-                if wire != dtype:
-                    layout = [dtype.name] + layout
-            buffers.append((send, wire, layout, nbytes))
-            nbytes += -(-send.size * wire.itemsize // ALIGN) * ALIGN
+        for buffers in _buffers(arrays, settings.fusion_threshold):
+            dtype = arrays[buffers[0][0]].dtype
+            wire, call = _wire(dtype), len(planned)
+            cast = None if wire == dtype else dtype
+            sends: list[np.ndarray] = []
+            offsets: list[int] = []
+            shapes: list[Any] = [] if cast is None else [dtype.name]
+            for batch in buffers:
+                if len(batch) == 1 and cast is None:  # unfused: the array as it is
+                    array = arrays[batch[0]]
+                    send = array.reshape(-1)
+                    unpacks.append((first + batch[0], call, len(sends), 0, array.size,
+                                    array.shape, None))
+                else:
+                    align = max(1, ALIGN // wire.itemsize)
+                    starts, total = [], 0
+                    for j in batch:
+                        starts.append(total)
+                        total += -(-arrays[j].size // align) * align
+                    send = np.zeros(total, dtype=wire)
+                    for j, start in zip(batch, starts):
+                        send[start:start + arrays[j].size] = arrays[j].reshape(-1)
+                        unpacks.append((first + j, call, len(sends), start, arrays[j].size,
+                                        arrays[j].shape, cast))
+                shapes.extend(arrays[j].shape for j in batch)
+                sends.append(send)
+                offsets.append(nbytes)
+                nbytes += -(-send.size * wire.itemsize // ALIGN) * ALIGN
+            signature = _signature(wire, tuple(shapes), op, prescale_factor, postscale_factor,
+                                   pieces, tuple(len(batch) for batch in buffers))
+            planned.append((sends, wire, signature, offsets))
         first += len(arrays)
     arena = aligned_empty(nbytes, np.uint8)
     calls: list[tuple[Any, Any]] = []
-    finishes = []
-    for send, wire, shapes, offset in buffers:
-        out = arena[offset:offset + send.size * wire.itemsize].view(wire)
-        signature, attempt, finish = _allreduce_call(comm, send, op, prescale_factor,
-                                                     postscale_factor, out, shapes,
-                                                     settings.allreduce_piece_bytes)
-        calls.append((signature, attempt))
-        finishes.append(finish)
+    for sends, wire, signature, offsets in planned:
+        outs = [arena[offset:offset + send.size * wire.itemsize].view(wire)
+                for send, offset in zip(sends, offsets)]
+        calls.append((signature, _reduction(comm, sends, op, prescale_factor,
+                                            postscale_factor, outs, pieces)))
 
     def unpack(outcomes: Sequence[Any]) -> list:
-        reduced = [finish(outcome) for finish, outcome in zip(finishes, outcomes)]
+        reduced = [[finish_reduce(target, wire, factor) for target in targets]
+                   for (targets, factor), (_, wire, _, _) in zip(outcomes, planned)]
         results: list = [None] * first
-        for index, buffer, start, size, shape, cast in unpacks:
-            segment = reduced[buffer][start:start + size].reshape(shape)
+        for index, call, buffer, start, size, shape, cast in unpacks:
+            segment = reduced[call][buffer][start:start + size].reshape(shape)
             results[index] = segment if cast is None else segment.astype(cast)
         return results
 

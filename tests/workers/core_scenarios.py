@@ -83,13 +83,14 @@ def below_min(comm):
 
 def mismatch(comm, when="first"):
     """Rank 1 passes a different shape: on the first call, after a steady state, or as
-    the 8th of 12 unfused gradients of a step (run with HOROVOD_FUSION_THRESHOLD=0)
-    after steady steps, when the others' calls are predicted and go on to its transfer."""
+    the float64 one of a step's 12 unfused gradients (run with HOROVOD_FUSION_THRESHOLD=0)
+    after steady steps -- the step's second call, after its 11 float32 ones: the
+    others' calls are predicted and go on to its transfer."""
     from elastic_hvd.core.reducer import reduce_step
     shape = 9 if comm.original_id == 1 else 8
 
     def step(last):
-        arrays = [np.ones(8, dtype=np.float32)] * 7 + [np.ones(last, dtype=np.float32)] \
+        arrays = [np.ones(8, dtype=np.float32)] * 7 + [np.ones(last, dtype=np.float64)] \
             + [np.ones(8, dtype=np.float32)] * 4
         return reduce_step(comm, *arrays, sizes=[len(arrays)], op=core.ReduceOp.SUM,
                            prescale_factor=1.0, postscale_factor=1.0, commit=False)[7]
@@ -237,9 +238,10 @@ def many_collectives(comm, count):
 
 def step_pauses(comm, arrays="50", steps="4"):
     """``steps`` step transactions of ``arrays`` small arrays, unfused (run with
-    HOROVOD_FUSION_THRESHOLD=0): how often per step the heartbeat's progress loop
-    paused and the ranks agreed (``MPI_Comm_agree``), how many collectives the
-    transactions held, and whether every result is the sum."""
+    HOROVOD_FUSION_THRESHOLD=0), float32 and float64 in turn (two calls a step): how
+    often per step the heartbeat's progress loop paused and the ranks agreed
+    (``MPI_Comm_agree``), how many calls the transactions held, and whether every
+    result is the sum."""
     from elastic_hvd.core.reducer import reduce_step
     progress = comm._heartbeat._progress
     pauses, pause = [], progress.pause
@@ -260,7 +262,9 @@ def step_pauses(comm, arrays="50", steps="4"):
         calls.extend(1 for signature, _ in batch if signature is not None)
         return run_many(batch)
     comm.run_many = counted_run_many
-    inputs = [contribution(comm.original_id, 16 + k) for k in range(int(arrays))]
+    dtypes = (np.float32, np.float64)
+    inputs = [contribution(comm.original_id, 16 + k).astype(dtypes[k % 2])
+              for k in range(int(arrays))]
     right, per_step, agreed = True, [], []
     for _ in range(int(steps)):
         before, agreed_before = len(pauses), len(agreements)
@@ -269,9 +273,9 @@ def step_pauses(comm, arrays="50", steps="4"):
         per_step.append(len(pauses) - before)
         agreed.append(len(agreements) - agreed_before)
         right &= all(np.array_equal(o, sum(contribution(i, 16 + k) for i in comm.ids))
-                     for k, o in enumerate(out))
+                     and o.dtype == dtypes[k % 2] for k, o in enumerate(out))
     report.write(comm.original_id, pauses_per_step=per_step, right=bool(right),
-                 allreduces=len(calls), agreements_per_step=agreed)
+                 calls=len(calls), agreements_per_step=agreed)
 
 
 def elastic_flag(comm):
