@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from elastic_hvd.runner.launch import find_mpirun
+from elastic_hvd.runner.launch import process_state, find_mpirun
 from mpijob import WORKERS, kill_tree, run_job
 
 pytestmark = pytest.mark.multirank
@@ -73,6 +73,27 @@ def test_elastic_hvd_run_returns_the_scripts_status(tmp_path, case):
         assert printed == [], job.output[-3000:]
     else:
         assert len(printed) == 1 and line in printed[0], job.output[-3000:]
+
+
+def test_a_job_in_which_no_process_runs_any_more_is_ended(tmp_path):
+    # Every rank is killed but one, which is stopped (SIGSTOP): no rank is left to evict
+    # it, and mpirun would wait for it for ever (seen in the soak: both survivors of a
+    # repair crashed while a process spawned to join was stopped).  The launcher ends
+    # the job once none of its processes has run for its grace (the finalize deadline +
+    # 3 s), with a failure status, and the stopped process is gone.
+    started = time.monotonic()
+    job = run_job("exit_status.py", "all_killed_one_stopped", np=4,
+                  env={"ELASTIC_HVD_FINALIZE_DEADLINE": "2"}, tmp_path=tmp_path, timeout=90,
+                  expect_rc=None)
+    assert sorted(job.results) == [0, 1, 2, 3], job.output[-3000:]
+    assert job.returncode == 1, job.output[-3000:]
+    assert "elastic-hvd-run: no process of the job has run for 5s" in job.output, job.output
+    assert "mpirun waits for 1 stopped process(es)" in job.output, job.output
+    assert time.monotonic() - started < 60
+    stopped, deadline = job.results[3]["pid"], time.monotonic() + 10
+    while process_state(stopped) not in ("", "Z", "X") and time.monotonic() < deadline:
+        time.sleep(0.1)  # a killed process that is not reaped yet is a zombie ("Z")
+    assert process_state(stopped) in ("", "Z", "X"), process_state(stopped)
 
 
 @pytest.mark.parametrize("case", list(TABLE))

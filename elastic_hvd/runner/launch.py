@@ -15,11 +15,13 @@ import os
 import select
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import sysconfig
 import tempfile
 import threading
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from types import FrameType
@@ -238,6 +240,41 @@ def members_done(outcomes: Iterable[Mapping[str, Any]]) -> bool:
     return bool(final) and all(set(o["members"]) <= done for o in final)
 
 
+def stopped_and_nothing_runs(status_dir: str | os.PathLike[str]) -> list[str] | None:
+    """The job's stopped processes (``host-pid``) when no process of the job runs any
+    more: each one that recorded itself (see :mod:`.program`) has ended or is stopped
+    (SIGSTOP: it never goes on by itself, and only another process of the job could
+    notice it).  None while one runs, while one lives on another host (its state
+    cannot be read from here), or before any recorded itself.
+
+    Why: mpirun waits for every process it started.  When every rank of a job is
+    lost and a process spawned to join it was stopped before it joined, nobody is
+    left to evict it, and the job would never end (seen in the soak: both survivors
+    crashed inside one repair)."""
+    host = socket.gethostname()
+    stopped, found = [], False
+    for path in Path(status_dir).glob("*.json"):
+        found = True
+        who, _, pid = path.stem.rpartition("-")
+        if who != host:
+            return None
+        state = process_state(int(pid))
+        if state in ("T", "t"):
+            stopped.append(path.stem)
+        elif state not in ("", "Z", "X"):
+            return None
+    return stopped if found else None
+
+
+def process_state(pid: int) -> str:
+    """The state letter of process ``pid`` of this host (``ps``'s STAT), '' if gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0]
+    except (OSError, IndexError):
+        return ""
+
+
 def strict_abort(outcomes: Iterable[Mapping[str, Any]]) -> bool:
     """Whether a process recorded that strict mode ends the job (an anomaly)."""
     return any(o["code"] == ANOMALY_EXIT_STATUS and o.get("aborted") for o in outcomes)
@@ -249,10 +286,27 @@ def end_when_members_done(proc: subprocess.Popen[bytes], status_dir: str, grace:
     finished.  mpirun waits for every process it started, also one the ranks
     evicted long ago -- frozen (SIGSTOP, a hung node) on a host where no rank is
     left to fence it: only the runtime can reach it there.  Meanwhile the
-    ``reporter`` tells of processes that raised or crashed."""
+    ``reporter`` tells of processes that raised or crashed.  Ended likewise if for
+    ``grace`` seconds none of the job's processes has run (see
+    :func:`stopped_and_nothing_runs`)."""
+    idle_since = None
     while not stopped.wait(0.5):
         outcomes = read_outcomes(status_dir)
         reporter.news(outcomes)
+        frozen = stopped_and_nothing_runs(status_dir)
+        if frozen is None:
+            idle_since = None
+        elif idle_since is None:
+            idle_since = time.monotonic()
+        elif time.monotonic() - idle_since >= grace:
+            print(f"elastic-hvd-run: no process of the job has run for {grace:.0f}s (each "
+                  f"ended or is stopped), and mpirun waits for {len(frozen)} stopped "
+                  f"process(es) that no rank is left to evict ({', '.join(sorted(frozen))}); "
+                  "ending it", file=sys.stderr, flush=True)
+            proc.terminate()
+            if not stopped.wait(10):
+                proc.kill()
+            return
         if strict_abort(outcomes):
             # MPI_Abort in a process spawned into the job ends only its own (spawned)
             # job; strict mode means the whole job (seen in the soak).

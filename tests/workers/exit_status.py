@@ -31,7 +31,7 @@ try:
         comm.allreduce(np.ones(1024, dtype=np.float32))
 except core.RanksBelowMinimumError:
     runtime.exit_with(int(sys.argv[2]))  # as keras_callbacks' ElasticCheckpoint does
-report.write(comm.original_id, ids=list(comm.ids))
+report.write(comm.original_id, ids=list(comm.ids), pid=os.getpid())
 if case == "exit":
     sys.exit(int(sys.argv[2]))
 if case == "one_exits" and comm.original_id == 1:
@@ -45,3 +45,9 @@ if case == "left_then_others_lost":
     for _ in range(COLLECTIVES):
         comm.allreduce(np.ones(1024, dtype=np.float32))
     os.kill(os.getpid(), signal.SIGKILL)  # ... and are all lost
+if case == "all_killed_one_stopped":
+    comm.barrier()  # everyone is done; then one rank freezes and the others die
+    if comm.original_id == 3:
+        os.kill(os.getpid(), signal.SIGSTOP)
+    time.sleep(0.5)
+    os.kill(os.getpid(), signal.SIGKILL)
