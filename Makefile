@@ -70,6 +70,7 @@ bench-horovod: install
 	$(PY) bench/recovery_vs_elastic_horovod.py --runs 3
 	$(PY) bench/growth_vs_elastic_horovod.py --runs 3
 	$(PY) bench/small_tensors.py --runs 3
+	$(PY) bench/scaling_vs_horovod.py --runs 5
 
 # Against TensorFlow's MultiWorkerMirroredStrategy (issue 23): throughput on 2 and 4
 # workers, and a worker SIGKILLed (MWMS + BackupAndRestore restarting all vs ours in
