@@ -105,6 +105,11 @@ def _fused_shapes(signature: tuple[Any, ...]) -> list[tuple[Any, ...]] | None:
     shapes = signature[2] if signature[0] == "allreduce" and len(signature) > 2 else None
     if not shapes or isinstance(shapes[0], int):
         return None
+    return _without_dtype_names(shapes)
+
+
+def _without_dtype_names(shapes: Sequence[Any]) -> list[tuple[Any, ...]]:
+    """Fused shapes without the name of a dtype reduced in a wider one (bfloat16)."""
     return [tuple(s) for s in shapes if not isinstance(s, str)]
 
 
@@ -143,7 +148,7 @@ def _labelled(signature: tuple[Any, ...], at: int = 0) -> dict[str, str]:
             packed = [d for d in value if isinstance(d, str)]
             if packed:
                 texts["dtype"] = f"{packed[0]} (reduced as {texts['dtype']})"
-            texts[field] = _shapes([tuple(s) for s in value if not isinstance(s, str)], at)
+            texts[field] = _shapes(_without_dtype_names(value), at)
         else:
             texts[field] = repr(value)
     return texts

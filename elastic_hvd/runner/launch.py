@@ -299,34 +299,30 @@ def end_when_members_done(proc: subprocess.Popen[bytes], status_dir: str, grace:
         elif idle_since is None:
             idle_since = time.monotonic()
         elif time.monotonic() - idle_since >= grace:
-            print(f"elastic-hvd-run: no process of the job has run for {grace:.0f}s (each "
-                  f"ended or is stopped), and mpirun waits for {len(frozen)} stopped "
-                  f"process(es) that no rank is left to evict ({', '.join(sorted(frozen))}); "
-                  "ending it", file=sys.stderr, flush=True)
-            proc.terminate()
-            if not stopped.wait(10):
-                proc.kill()
-            return
+            return _end_mpirun(proc, stopped, (
+                f"no process of the job has run for {grace:.0f}s (each ended or is stopped), "
+                f"and mpirun waits for {len(frozen)} stopped process(es) that no rank is left "
+                f"to evict ({', '.join(sorted(frozen))}); ending it"))
         if strict_abort(outcomes):
             # MPI_Abort in a process spawned into the job ends only its own (spawned)
             # job; strict mode means the whole job (seen in the soak).
-            print("elastic-hvd-run: strict mode: a process met an anomaly; ending the whole job",
-                  file=sys.stderr, flush=True)
-            proc.terminate()
-            if not stopped.wait(10):
-                proc.kill()
-            return
+            return _end_mpirun(proc, stopped,
+                               "strict mode: a process met an anomaly; ending the whole job")
         if members_done(outcomes):
             if stopped.wait(grace):
                 return
-            print("elastic-hvd-run: every rank of the job has finished, but mpirun still waits "
-                  "for a process that will not end by itself (one the ranks evicted, frozen or "
-                  "hung, or a replacement still starting, given up when training ended); "
-                  "ending it", file=sys.stderr, flush=True)
-            proc.terminate()
-            if not stopped.wait(10):
-                proc.kill()
-            return
+            return _end_mpirun(proc, stopped, (
+                "every rank of the job has finished, but mpirun still waits for a process "
+                "that will not end by itself (one the ranks evicted, frozen or hung, or a "
+                "replacement still starting, given up when training ended); ending it"))
+
+
+def _end_mpirun(proc: subprocess.Popen[bytes], stopped: threading.Event, why: str) -> None:
+    """Say ``why`` and end mpirun: SIGTERM, then SIGKILL if it still runs 10 s later."""
+    print(f"elastic-hvd-run: {why}", file=sys.stderr, flush=True)
+    proc.terminate()
+    if not stopped.wait(10):
+        proc.kill()
 
 
 def run_mpirun(cmd: Sequence[str], status_dir: str | None = None, grace: float | None = None,
