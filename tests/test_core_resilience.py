@@ -230,19 +230,22 @@ def test_a_million_collectives_then_a_failure_after_the_identifiers_wrapped(tmp_
         assert r["anomalies"] == 0 and [e["lost"] for e in r["events"]] == [[1]]
 
 
-def test_a_step_transaction_pauses_once_and_agrees_once(tmp_path):
-    # 50 unfused gradients of two dtypes are two calls (50 MPI_Allreduces) in one step
-    # transaction: the heartbeat's progress loop pauses once per step, not once per
-    # collective (each pause and resume cost ~13 us before the loop kept a second
-    # timer, issue 23); once the calls are predicted (the first steps take the slow
-    # path: an agreement and an exchange per call not predicted yet) the ranks agree
-    # once per step, not once per call (~50 us each with its bookkeeping, issue 23);
-    # every result is the sum, in its dtype.
-    job = run_job("core_scenarios.py", "step_pauses", "50", "6", np=2, tmp_path=tmp_path,
-                  env={"HOROVOD_FUSION_THRESHOLD": "0"}, timeout=60)
+@pytest.mark.parametrize("layout, calls", [("dtypes", 12), ("groups", 150)])
+def test_a_step_transaction_pauses_once_and_agrees_once(tmp_path, layout, calls):
+    # 50 unfused gradients are a few calls (50 MPI_Allreduces) in one step transaction:
+    # two dtypes, two calls; 25 groups of two, 25 calls, all equal but the last.  The
+    # heartbeat's progress loop pauses once per step, not once per collective (each
+    # pause and resume cost ~13 us before the loop kept a second timer, issue 23);
+    # once the calls are predicted (the first steps take the slow path: an agreement and
+    # an exchange per call not predicted yet) the ranks agree once per step, not once
+    # per call (~50 us each with its bookkeeping, issue 23) -- also in a run of equal
+    # calls, which the two calls before predicted wrong where it began and ended (5
+    # agreements a step: two slow paths); every result is the sum, in its dtype.
+    job = run_job("core_scenarios.py", "step_pauses", "50", "6", layout, np=2,
+                  tmp_path=tmp_path, env={"HOROVOD_FUSION_THRESHOLD": "0"}, timeout=60)
     assert sorted(job.results) == [0, 1], job.output[-3000:]
     for r in job.results.values():
-        assert r["right"] and r["calls"] == 12 and r["pauses_per_step"] == [1] * 6, r
+        assert r["right"] and r["calls"] == calls and r["pauses_per_step"] == [1] * 6, r
         assert r["agreements_per_step"][0] > 2 and r["agreements_per_step"][3:] == [1] * 3, r
 
 

@@ -10,10 +10,14 @@ signature and may go straight to the data transfer.  Only a call that differs
 from the prediction takes the slow path (an agreement plus an exchange of
 signatures); see ``ResilientComm.run_many``.
 
-A transaction of several calls predicts them along a :class:`Walk`, which learns
-from each call as the history will once they commit: a step's 200 gradients whose
-last layer differs from the others would otherwise miss half their predictions
-(the history says a bias is followed by the last kernel until the step commits).
+A transaction of several calls is predicted whole: call ``i`` as call ``i`` of the
+last transaction that began after the same two calls (a training step repeats the
+one before it, so none of its calls misses, runs of equal calls included).  Past
+the end of that transaction, or when there is none, a :class:`Walk` predicts from
+the two calls before, learning from each call as the history will once they
+commit: a step's gradients whose last layer differs from the others would
+otherwise miss half their predictions (the history says a bias is followed by
+the last kernel until the step commits).
 """
 
 from typing import Any
@@ -26,40 +30,54 @@ class SignaturePredictor:
     def __init__(self) -> None:
         self._context: tuple[Any, ...] = (None, None)
         self._next: dict[tuple[Any, ...], Any] = {}
+        # context before a transaction -> that transaction's signatures
+        self._transactions: dict[tuple[Any, ...], tuple[Any, ...]] = {}
 
     def walk(self) -> "Walk":
         """Predictions for the calls of one transaction, from the history so far."""
         return Walk(self)
 
-    def record(self, signature: Any) -> None:
-        """Remember a call whose signature every rank verified."""
-        if len(self._next) >= self.MAX_CONTEXTS:
+    def record(self, signatures: tuple[Any, ...]) -> None:
+        """Remember a transaction whose calls every rank completed (and so verified);
+        one of internal exchanges only (no signatures) leaves no trace."""
+        if not signatures:
+            return
+        if len(self._next) >= self.MAX_CONTEXTS or len(self._transactions) >= self.MAX_CONTEXTS:
             self._next.clear()
-        self._next[self._context] = signature
-        self._context = (self._context[1], signature)
+            self._transactions.clear()
+        self._transactions[self._context] = signatures
+        for signature in signatures:
+            self._next[self._context] = signature
+            self._context = (self._context[1], signature)
 
     def state(self) -> dict[str, Any]:
         """The history, for a process that joins the job later."""
-        return {"context": self._context, "next": dict(self._next)}
+        return {"context": self._context, "next": dict(self._next),
+                "transactions": dict(self._transactions)}
 
     def load_state(self, state: dict[str, Any]) -> None:
         self._context, self._next = tuple(state["context"]), dict(state["next"])
+        self._transactions = dict(state["transactions"])
 
 
 class Walk:
-    """Predictions along calls not recorded yet: each call :meth:`passed` is learned
-    here as :meth:`SignaturePredictor.record` would learn it, and all of them are
-    recorded (:meth:`commit`) only once every rank has completed them."""
+    """Predictions along calls not recorded yet: call ``i`` as the last transaction
+    from the same context made it, else from the two calls before, where each call
+    :meth:`passed` is learned as :meth:`SignaturePredictor.record` would learn it.
+    The calls are recorded (:meth:`commit`) only once every rank has completed them."""
 
     def __init__(self, predictor: SignaturePredictor) -> None:
         self._predictor = predictor
         self._context = predictor._context
+        self._last = predictor._transactions.get(predictor._context, ())
         self._learned: dict[tuple[Any, ...], Any] = {}
         self._calls: list[Any] = []
 
     def expects(self, signature: Any) -> bool:
         """True when ``signature`` is this rank's (and so every rank's) prediction."""
-        context = self._context
+        position, context = len(self._calls), self._context
+        if position < len(self._last):
+            return self._last[position] == signature
         return self._learned.get(context, self._predictor._next.get(context)) == signature
 
     def passed(self, signature: Any) -> None:
@@ -69,5 +87,4 @@ class Walk:
         self._calls.append(signature)
 
     def commit(self) -> None:
-        for signature in self._calls:
-            self._predictor.record(signature)
+        self._predictor.record(tuple(self._calls))

@@ -236,12 +236,13 @@ def many_collectives(comm, count):
                  anomalies=len(comm.anomalies), events=events(comm))
 
 
-def step_pauses(comm, arrays="50", steps="4"):
+def step_pauses(comm, arrays="50", steps="4", layout="dtypes"):
     """``steps`` step transactions of ``arrays`` small arrays, unfused (run with
-    HOROVOD_FUSION_THRESHOLD=0), float32 and float64 in turn (two calls a step): how
-    often per step the heartbeat's progress loop paused and the ranks agreed
-    (``MPI_Comm_agree``), how many calls the transactions held, and whether every
-    result is the sum."""
+    HOROVOD_FUSION_THRESHOLD=0): how often per step the heartbeat's progress loop
+    paused and the ranks agreed (``MPI_Comm_agree``), how many calls the transactions
+    held, and whether every result is the sum.  ``layout`` "dtypes": float32 and
+    float64 in turn, one group (two calls a step); "groups": float32 in groups of two
+    (``groups=``, a call each), equal but for the last array (a run of equal calls)."""
     from elastic_hvd.core.reducer import reduce_step
     progress = comm._heartbeat._progress
     pauses, pause = [], progress.pause
@@ -262,18 +263,23 @@ def step_pauses(comm, arrays="50", steps="4"):
         calls.extend(1 for signature, _ in batch if signature is not None)
         return run_many(batch)
     comm.run_many = counted_run_many
-    dtypes = (np.float32, np.float64)
-    inputs = [contribution(comm.original_id, 16 + k).astype(dtypes[k % 2])
-              for k in range(int(arrays))]
+    n = int(arrays)
+    if layout == "dtypes":
+        dtypes, lengths, sizes = (np.float32, np.float64), [16 + k for k in range(n)], [n]
+    else:
+        dtypes, lengths, sizes = (np.float32,), [16] * (n - 1) + [17], [2] * (n // 2)
+    inputs = [contribution(comm.original_id, length).astype(dtypes[k % len(dtypes)])
+              for k, length in enumerate(lengths)]
     right, per_step, agreed = True, [], []
     for _ in range(int(steps)):
         before, agreed_before = len(pauses), len(agreements)
-        out = reduce_step(comm, *inputs, sizes=[len(inputs)], op=core.ReduceOp.SUM,
+        out = reduce_step(comm, *inputs, sizes=sizes, op=core.ReduceOp.SUM,
                           prescale_factor=1.0, postscale_factor=1.0, commit=False)
         per_step.append(len(pauses) - before)
         agreed.append(len(agreements) - agreed_before)
-        right &= all(np.array_equal(o, sum(contribution(i, 16 + k) for i in comm.ids))
-                     and o.dtype == dtypes[k % 2] for k, o in enumerate(out))
+        right &= all(np.array_equal(o, sum(contribution(i, length) for i in comm.ids))
+                     and o.dtype == dtypes[k % len(dtypes)]
+                     for k, (o, length) in enumerate(zip(out, lengths)))
     report.write(comm.original_id, pauses_per_step=per_step, right=bool(right),
                  calls=len(calls), agreements_per_step=agreed)
 
