@@ -56,16 +56,30 @@ def fit(hvd, args):
     class Clock(keras.callbacks.Callback):
         def on_train_batch_begin(self, batch, logs=None):
             if batch == args.warmup:
-                self.start = time.perf_counter()
+                if args.start_together:
+                    start_together(*args.start_together.split(":"))
+                self.start, self.wall = time.perf_counter(), [time.time()]
 
         def on_train_end(self, logs=None):
             self.seconds = time.perf_counter() - self.start
+            self.wall.append(time.time())
 
     clock = Clock()
     model.fit(x, y, batch_size=args.batch, epochs=1, verbose=0, callbacks=[
         hvd.callbacks.BroadcastGlobalVariablesCallback(0), clock])
     return {"fit_img_per_s": args.batch * args.steps * hvd.size() / clock.seconds,
-            "step_ms": 1e3 * clock.seconds / args.steps}
+            "step_ms": 1e3 * clock.seconds / args.steps, "timed_wall": clock.wall}
+
+
+def start_together(directory, count):
+    """Wait until ``count`` processes reached this point (a file each in ``directory``):
+    independent processes, each timed alone, then run their timed steps side by side."""
+    open(os.path.join(directory, str(os.getpid())), "w").close()
+    deadline = time.monotonic() + 300
+    while len(os.listdir(directory)) < int(count):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{count} processes never met in {directory}")
+        time.sleep(0.001)
 
 
 class Alone:
@@ -104,6 +118,8 @@ def main():
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--size", type=int, default=100, help="image side (fit)")
     p.add_argument("--model", choices=["mobilenet", "mlp"], default="mobilenet")
+    p.add_argument("--start-together", metavar="DIR:N",
+                   help="after warm-up, wait until N processes given DIR got there (fit)")
     args = p.parse_args()
     if args.impl == "keras" and args.what != "fit":
         p.error("--impl keras (one process, no collectives) measures --what fit only")
