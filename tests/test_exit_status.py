@@ -5,6 +5,8 @@ reports (measured; the "Exit status" section of docs/settings.md shows both).
 Real 4-rank jobs, real SIGKILLs (fault plan, self-kill, the stall watchdog).
 """
 
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -12,7 +14,7 @@ import time
 import pytest
 
 from elastic_hvd.runner.launch import process_state, find_mpirun
-from mpijob import WORKERS, kill_tree, run_job
+from mpijob import WORKERS, job_processes, kill_tree, proc_entries, run_job
 
 pytestmark = pytest.mark.multirank
 
@@ -94,6 +96,29 @@ def test_a_job_in_which_no_process_runs_any_more_is_ended(tmp_path):
     while process_state(stopped) not in ("", "Z", "X") and time.monotonic() < deadline:
         time.sleep(0.1)  # a killed process that is not reaped yet is a zombie ("Z")
     assert process_state(stopped) in ("", "Z", "X"), process_state(stopped)
+
+
+def test_processes_that_outlive_a_killed_mpirun_are_ended_and_named(tmp_path):
+    # mpirun SIGKILLed from outside mid-job, as the OOM killer did in the soak (its
+    # output buffers had grown to 12 GB): its ranks train on without it.  The launcher
+    # kills them (none is left behind, none writes into the status directory while it
+    # is removed: the soak's launcher ended in a traceback, "Directory not empty"),
+    # names them, and fails with a shell's status for a SIGKILL.
+    def kill_mpirun(out_dir, marker):
+        deadline = time.monotonic() + 60
+        while len(list(out_dir.glob("rank*.json"))) < 4 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        for pid in job_processes(marker):
+            if any(b"prterun" in e or b"mpirun" in e for e in proc_entries(pid, "cmdline")[:1]):
+                os.kill(pid, signal.SIGKILL)
+    job = run_job("exit_status.py", "run_on", np=4, watcher=kill_mpirun, tmp_path=tmp_path,
+                  timeout=90, expect_rc=None)
+    assert sorted(job.results) == [0, 1, 2, 3], job.output[-3000:]
+    assert job.returncode == 128 + signal.SIGKILL, job.output[-3000:]
+    assert "Traceback" not in job.output, job.output[-3000:]
+    [line] = [text for text in job.output.splitlines() if "mpirun was killed by signal 9" in text]
+    killed = {int(name.rpartition("-")[2]) for name in line.rpartition(": ")[2].split(", ")}
+    assert killed == {r["pid"] for r in job.results.values()}, (line, job.results)
 
 
 @pytest.mark.parametrize("case", list(TABLE))

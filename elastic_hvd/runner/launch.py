@@ -266,6 +266,31 @@ def stopped_and_nothing_runs(status_dir: str | os.PathLike[str]) -> list[str] | 
     return stopped if found else None
 
 
+def end_strays(status_dir: str) -> list[str]:
+    """SIGKILL the job's processes on this host that outlived mpirun; their names
+    (``host-pid``).  mpirun ends what it started when it ends by itself; killed (in the
+    soak the OOM killer took it, its output buffers grown by ranks that printed without
+    end), it leaves them running without a job, writing into the status directory
+    while it is removed.  A recorded pid is the job's only while that process has the
+    status directory in its environment (mpirun's, passed on to every process it
+    starts, spawned ones too): a pid reused since is left alone."""
+    host, mark = socket.gethostname(), f"{config.env('status_dir')}={status_dir}".encode()
+    ended = []
+    for path in Path(status_dir).glob("*.json"):
+        who, _, pid = path.stem.rpartition("-")
+        if who != host or process_state(int(pid)) in ("", "Z", "X"):
+            continue
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if mark not in f.read().split(b"\0"):
+                    continue
+            os.kill(int(pid), signal.SIGKILL)
+        except OSError:  # gone meanwhile
+            continue
+        ended.append(path.stem)
+    return ended
+
+
 def process_state(pid: int) -> str:
     """The state letter of process ``pid`` of this host (``ps``'s STAT), '' if gone."""
     try:
@@ -334,7 +359,8 @@ def run_mpirun(cmd: Sequence[str], status_dir: str | None = None, grace: float |
     seconds after every member of the job finished (see end_when_members_done) and
     the ``reporter`` tells of failures."""
     reporter = reporter or reports.Reporter()
-    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE)
+    env = None if status_dir is None else {**os.environ, config.env("status_dir"): status_dir}
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, env=env)  # env: see end_strays
 
     def forward(signum: int, _frame: FrameType | None) -> None:
         proc.send_signal(signum)
@@ -434,7 +460,10 @@ def launch(args: argparse.Namespace, cmd: Sequence[str],
     # launcher ended it for, see end_when_members_done) may still write there while it
     # is removed; that must not turn the job's exit status into a traceback, and a
     # leftover under this private name can meet no later mpirun (session_dir_args).
-    with tempfile.TemporaryDirectory(prefix="elastic_hvd") as status_dir, \
+    # The status directory likewise: the processes that outlived mpirun here are
+    # ended first (end_strays), but one on another host may still write into it.
+    with tempfile.TemporaryDirectory(prefix="elastic_hvd",
+                                     ignore_cleanup_errors=True) as status_dir, \
             tempfile.TemporaryDirectory(prefix="elastic_hvd-mpi",
                                         ignore_cleanup_errors=True) as session_base:
         cmd = [cmd[0], *session_dir_args(cmd, session_base),
@@ -444,6 +473,13 @@ def launch(args: argparse.Namespace, cmd: Sequence[str],
         reporter = reports.Reporter()
         quiet_tf = not tf_logs_wanted(os.environ, args.env)
         code, lost = run_mpirun(cmd, status_dir, grace, reporter, quiet_tf)
+        strays = end_strays(status_dir)
+        if strays:
+            how = f"was killed by signal {-code}" if code < 0 else f"exited with status {code}"
+            print(f"elastic-hvd-run: mpirun {how} while {len(strays)} process(es) of the job "
+                  f"still ran; killed them: {', '.join(sorted(strays))}",
+                  file=sys.stderr, flush=True)
+        code = 128 - code if code < 0 else code  # a signal's number, as a shell says it
         outcomes = read_outcomes(status_dir)
         reporter.news(outcomes)  # what the last look before the end did not see
     # The same words also come while a job that has finished shuts down (a daemon

@@ -26,6 +26,13 @@ if case == "stall":  # every rank: no progress for longer than --stall-timeout, 
     time.sleep(6)
 if case == "stall_one" and comm.original_id == 1:  # the others wait for it in a collective
     time.sleep(60)
+if case == "run_on":  # say who it is, then train on for a minute (mpirun is killed meanwhile)
+    report.write(comm.original_id, pid=os.getpid())
+    end = time.monotonic() + 60
+    while time.monotonic() < end:
+        comm.allreduce(np.ones(1024, dtype=np.float32))
+        time.sleep(0.01)
+    sys.exit(0)
 try:
     for _ in range(COLLECTIVES):
         comm.allreduce(np.ones(1024, dtype=np.float32))
