@@ -4,6 +4,7 @@ import ast
 import os
 import re
 import signal
+import threading
 from pathlib import Path
 
 import pytest
@@ -321,3 +322,38 @@ def test_pausing_the_progress_loop_around_a_collective_never_wakes_its_thread():
     assert out.returncode == 0, out.stderr[-2000:]
     woke = int(out.stdout.split()[-1])
     assert woke < 10, f"10^4 pauses and resumes woke the loop's thread {woke} times"
+
+
+def test_a_given_up_call_that_spins_is_told_from_one_that_waits():
+    # A spawn or adoption given up leaves its thread behind.  One stuck in Open MPI's
+    # endless context-id retry keeps a core busy (measured: 46-60 % per rank on 2 cores)
+    # and the process is broken for good; one that waits for a joiner that never
+    # starts sleeps (measured: 0 %) and does no harm.  MergeCall._end_if_broken tells
+    # them apart by the thread's CPU time.
+    from elastic_hvd.core import spawn
+
+    def share(work):
+        call = spawn.MergeCall.__new__(spawn.MergeCall)
+        started, stop = threading.Event(), threading.Event()
+
+        def run():
+            call._thread_id = threading.get_native_id()
+            started.set()
+            work(stop)
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        started.wait()
+        try:
+            return call._cpu_share()
+        finally:
+            stop.set()
+            thread.join()
+
+    def spin(stop):
+        while not stop.is_set():
+            pass
+    assert share(spin) >= 3 * spawn.SPIN_SHARE
+    assert share(lambda stop: stop.wait()) < spawn.SPIN_SHARE
+    ended = spawn.MergeCall.__new__(spawn.MergeCall)
+    ended._thread_id = None
+    assert ended._cpu_share() == 0.0

@@ -30,6 +30,9 @@ NEVER_SENT = 32100
 #: Seconds a given-up call has to end once revoked before this process counts as
 #: broken by it (a sound one ends within milliseconds).
 BROKEN_GRACE = 1.0
+#: Seconds over which a given-up call's thread is watched, and the share of a core
+#: that marks it as spinning in Open MPI's endless retry (see MergeCall._end_if_broken).
+SPIN_SAMPLE, SPIN_SHARE = 0.5, 0.1
 #: Variables of the MPI runtime: they describe the spawning process, not a joiner.
 RUNTIME_PREFIXES = ("PMIX", "PRTE", "OMPI_")
 
@@ -100,6 +103,7 @@ class MergeCall:
         self._merge_started = False  # the thread called MPI_Intercomm_merge
         self._merge_ended = False  # ... and it returned the merged communicator
         self._inter: Any = None  # the intercommunicator with the new processes, once made
+        self._thread_id: int | None = None  # the call's thread (its CPU time: _end_if_broken)
         self.merged: Any
         self.error: BaseException | None
         self.merged = self.error = None
@@ -121,6 +125,7 @@ class MergeCall:
                 self._owner.revoke(comm)
 
     def _run(self, connect: Callable[[Any], Any]) -> None:
+        self._thread_id = threading.get_native_id()
         owner, MPI = self._owner, self._owner.MPI
         inter = merged = None
         try:
@@ -196,17 +201,38 @@ class MergeCall:
         docs/openmpi-quirks.md).  A process that dies inside its ``MPI_Comm_connect``
         may leave the accepting ranks unable to make any communicator (one that dies
         before it: no harm), hence the probe (:class:`.spares.AdoptCall`); a spawn
-        that never ends leaves only a thread behind (measured: later spawns work)."""
-        if self._merge_started and not (self._done.wait(BROKEN_GRACE) and self._merge_ended):
+        that never ends leaves only a thread behind (measured: later spawns work) --
+        unless that thread spins: a call given up that keeps a share of a core busy
+        (:data:`SPIN_SHARE`) is that endless retry, wherever it began (measured: a merge
+        a process died in, 46-60 % of a core per rank on 2 cores; a spawn stuck for
+        a joiner that never starts, 0 %).  Such a process is never of use again and
+        would stream errors and grow without end (the soak of 2026-12-07: two ranks
+        trained on beside such a loop, one step took 61 s, and mpirun, buffering
+        their output, grew to 12 GB until the OOM killer ended the job)."""
+        stuck = not self._done.wait(BROKEN_GRACE)
+        if self._merge_started and (stuck or not self._merge_ended):
             workarounds.used("merge_death_crash")
             mpi_env.end_as_crash("a process died inside its merge with a new process (or the "
                                  "merge was given up), after which Open MPI makes no new "
                                  "communicator here")
-        if self._stuck_connect_breaks and not self._done.wait(BROKEN_GRACE) \
-                and not self._can_make_communicators():
+        if stuck and (spun := self._cpu_share()) >= SPIN_SHARE:
+            workarounds.used("merge_death_crash", "spinning")
+            mpi_env.end_as_crash(f"a call given up here (connecting new processes) never ended "
+                                 f"and keeps {spun:.0%} of a core busy inside Open MPI, its "
+                                 "endless retry after a death, after which Open MPI makes no "
+                                 "new communicator here")
+        if self._stuck_connect_breaks and stuck and not self._can_make_communicators():
             workarounds.used("merge_death_crash", "inside MPI_Comm_connect")
             mpi_env.end_as_crash("the process it connected to died inside MPI_Comm_connect, "
                                  "after which Open MPI makes no new communicator here")
+
+    def _cpu_share(self) -> float:
+        """The share of a core that this call's thread used over :data:`SPIN_SAMPLE` s
+        (0 once it ended)."""
+        before = _thread_cpu_s(self._thread_id)
+        time.sleep(SPIN_SAMPLE)
+        after = _thread_cpu_s(self._thread_id)
+        return 0.0 if before is None or after is None else (after - before) / SPIN_SAMPLE
 
     def _can_make_communicators(self) -> bool:
         """Whether ``MPI_Comm_dup(MPI_COMM_SELF)`` ends within :data:`BROKEN_GRACE`
@@ -253,6 +279,19 @@ class MergeCall:
             return failed.Get_size() > 0
         finally:
             failed.Free()
+
+
+def _thread_cpu_s(thread_id: int | None) -> float | None:
+    """CPU seconds (user + system) used so far by thread ``thread_id`` of this process,
+    or None if it has ended (or not started)."""
+    if thread_id is None:
+        return None
+    try:
+        with open(f"/proc/self/task/{thread_id}/stat") as f:
+            fields = f.read().rpartition(")")[2].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 class SpawnCall(MergeCall):
