@@ -267,11 +267,12 @@ def stopped_and_nothing_runs(status_dir: str | os.PathLike[str]) -> list[str] | 
 
 
 def end_strays(status_dir: str) -> list[str]:
-    """SIGKILL the job's processes on this host that outlived mpirun; their names
-    (``host-pid``).  mpirun ends what it started when it ends by itself; killed (in the
-    soak the OOM killer took it, its output buffers grown by ranks that printed without
-    end), it leaves them running without a job, writing into the status directory
-    while it is removed.  A recorded pid is the job's only while that process has the
+    """SIGKILL the job's processes on this host that outlived a killed mpirun; their
+    names (``host-pid``).  mpirun ends what it started when it ends by itself (some may
+    still be exiting as it returns: never call this then); killed (in the soak the OOM
+    killer took it, its output buffers grown by ranks that printed without end), it
+    leaves them running without a job, writing into the status directory while it is
+    removed.  A recorded pid is the job's only while that process has the
     status directory in its environment (mpirun's, passed on to every process it
     starts, spawned ones too): a pid reused since is left alone."""
     host, mark = socket.gethostname(), f"{config.env('status_dir')}={status_dir}".encode()
@@ -473,13 +474,13 @@ def launch(args: argparse.Namespace, cmd: Sequence[str],
         reporter = reports.Reporter()
         quiet_tf = not tf_logs_wanted(os.environ, args.env)
         code, lost = run_mpirun(cmd, status_dir, grace, reporter, quiet_tf)
-        strays = end_strays(status_dir)
-        if strays:
-            how = f"was killed by signal {-code}" if code < 0 else f"exited with status {code}"
-            print(f"elastic-hvd-run: mpirun {how} while {len(strays)} process(es) of the job "
-                  f"still ran; killed them: {', '.join(sorted(strays))}",
-                  file=sys.stderr, flush=True)
-        code = 128 - code if code < 0 else code  # a signal's number, as a shell says it
+        if code < 0:  # killed: what it started may run on (one that ends by itself
+            strays = end_strays(status_dir)  # waits for its processes, still exiting)
+            if strays:
+                print(f"elastic-hvd-run: mpirun was killed by signal {-code} while "
+                      f"{len(strays)} process(es) of the job still ran; killed them: "
+                      f"{', '.join(sorted(strays))}", file=sys.stderr, flush=True)
+            code = 128 - code  # the signal, as a shell says it
         outcomes = read_outcomes(status_dir)
         reporter.news(outcomes)  # what the last look before the end did not see
     # The same words also come while a job that has finished shuts down (a daemon
