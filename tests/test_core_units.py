@@ -24,7 +24,8 @@ def test_fault_plan_parses_and_rejects():
     assert (c.rank, c.joiner, c.signal) == (None, 2, "HANG")
     for bad in ("rank=1", "rank=1,coll=2,step=3", "rank=1,coll=2,signal=NOPE",
                 "rank=1,coll=2,when=3", "rank=1,coll=2,phase=during", "coll=2",
-                "joiner=1,rank=0", "joiner=1,signal=NOPE", "rank=1,coll=2,signal=HANG"):
+                "joiner=1,rank=0", "joiner=1,signal=NOPE", "rank=1,coll=2,signal=HANG",
+                "rank=1,coll=2,phase=connect"):
         with pytest.raises(ValueError):
             faults.parse(bad)
 
@@ -57,6 +58,17 @@ def test_fault_plan_fires_only_on_its_rank_and_moment():
     with pytest.raises(faults.FaultInjected):
         plan.at_collective()
     plan.at_collective()  # fires once only
+
+
+def test_a_connect_fault_counts_attempts_not_successful_spawns():
+    # phase=connect fires as the N-th connect starts, counted whether or not earlier
+    # ones got further (a spawn that failed never reaches at_spawn's count).
+    plan = faults.FaultPlan(faults.parse("rank=0,spawn=2,phase=connect,signal=RAISE"), 0)
+    plan.at_connect()  # the first attempt, which fails before at_spawn
+    with pytest.raises(faults.FaultInjected):
+        plan.at_connect()
+    plan.at_spawn()
+    plan.at_merge()
 
 
 def test_fault_sends_a_real_signal():

@@ -313,6 +313,33 @@ def test_a_rank_lost_during_the_adoption_then_the_spare_is_adopted(tmp_path):
     assert "a hot spare waits again" in job.output
 
 
+CALLED_OFF = "a hot spare: its adoption was given up while it was inside MPI_Comm_connect"
+
+
+@pytest.mark.parametrize("delay", ["0", "0.01"])
+def test_a_rank_lost_inside_the_accept_of_an_adoption_costs_the_spare_not_the_job(tmp_path,
+                                                                                 delay):
+    # Rank 2 dies; rank 3 dies as the others start accepting the spare's connect
+    # (fault moment phase=connect: the spare got the port and connects).  The spare's
+    # MPI_Comm_connect then never returns.  Before: the spare stayed in the pool, a
+    # second adoption sent it a port it never read and left the root's accept stuck;
+    # the detector evicted the spare 10 s later ("reported dead by someone else"), and
+    # its death inside the connect broke the job: 2 of 3 runs hung (the survivors in an
+    # endless NBC_Progress error 77 loop), 1 ended in a heap corruption.  Now the ranks
+    # drop the spare and call it off; it leaves as a crash, named, and --respawn refills
+    # the job: 4 ranks, totals exact, rank 1's later loss repaired like any other.
+    job, results, ids, history = run(
+        tmp_path, 4, 1, faults=f"rank=2,step=10;rank=1,step=40;"
+                               f"rank=3,spawn=1,phase=connect,delay={delay}",
+        launcher=["--respawn"])
+    assert job.returncode == 0
+    assert len(ids) == 4, ids
+    assert history[:2] == [([2], []), ([3], [])]
+    assert job.output.count(CALLED_OFF) == 1, job.output[-4000:]
+    assert "reported dead by someone else" not in job.output
+    assert "NBC_Progress" not in job.output
+
+
 def test_a_rank_lost_before_the_merge_of_an_adoption_is_merged_with_by_nobody(tmp_path):
     # Rank 1 dies at the instant between the accept and the merge.  The others agree
     # to merge first, so none enters the merge: they give the adoption up and repair.

@@ -31,7 +31,10 @@ list of ``key=value``::
     once its data transfer completed here but before the ranks agreed on the outcome
     -- the moment at which ULFM's non-uniform error reporting bites.  With ``spawn``:
     ``before`` fires before the ranks agree to merge, ``after`` once they agreed,
-    as the merge starts (Open MPI 5.0.11 cannot survive a death inside it).
+    as the merge starts (Open MPI 5.0.11 cannot survive a death inside it);
+    ``connect`` fires as the N-th attempt to connect starts (spawn or a hot spare's
+    adoption, counted whether or not it succeeds), so that with ``delay`` the death
+    lands inside ``MPI_Comm_spawn`` / ``MPI_Comm_accept``.
 ``joiner``
     instead of ``rank`` and a moment: the process started by the job's N-th spawn
     fails before ``MPI_Init`` -- with ``signal`` (default ``KILL``), or ``HANG``
@@ -124,8 +127,10 @@ def parse(spec: str | None) -> list[Fault]:
         if sum(key in fields for key in MOMENTS) != 1:
             raise ValueError(f"{ENV}: give exactly one of coll=, step=, spawn=, handover= or "
                              f"repair= in {entry!r}")
-        if fields.get("phase", "before") not in ("before", "after"):
-            raise ValueError(f"{ENV}: phase must be before or after in {entry!r}")
+        if fields.get("phase", "before") not in ("before", "after", "connect"):
+            raise ValueError(f"{ENV}: phase must be before, after or connect in {entry!r}")
+        if fields.get("phase") == "connect" and "spawn" not in fields:
+            raise ValueError(f"{ENV}: phase=connect goes with spawn= in {entry!r}")
         if sig not in ("RAISE", "SYSEXIT", "EXIT") and not hasattr(_signal, "SIG" + sig):
             raise ValueError(f"{ENV}: unknown signal {sig!r} in {entry!r}")
         faults.append(Fault(
@@ -150,14 +155,18 @@ class FaultPlan:
         self._by_step = {f.step: f for f in mine if f.step is not None}
         self._by_spawn = {f.spawn: f for f in mine if f.spawn is not None and f.phase == "before"}
         self._in_merge = {f.spawn: f for f in mine if f.spawn is not None and f.phase == "after"}
+        self._in_connect = {f.spawn: f for f in mine if f.spawn is not None
+                            and f.phase == "connect"}
         self._by_handover = {f.handover: f for f in mine if f.handover is not None}
         self._by_repair = {f.repair: f for f in mine if f.repair is not None}
         self._by_joiner = {f.joiner: f.signal for f in faults if f.joiner is not None}
         self._collectives = self._spawns = self._handovers = self._repairs = 0
+        self._connects = 0
 
     def __bool__(self) -> bool:
         return bool(self._by_coll or self._after_coll or self._by_step or self._by_spawn
-                    or self._in_merge or self._by_handover or self._by_repair or self._by_joiner)
+                    or self._in_merge or self._in_connect or self._by_handover
+                    or self._by_repair or self._by_joiner)
 
     def at_repair(self) -> None:
         self._repairs += 1
@@ -179,6 +188,12 @@ class FaultPlan:
 
     def at_merge(self) -> None:
         fault = self._in_merge.pop(self._spawns, None)
+        if fault:
+            fault.fire()
+
+    def at_connect(self) -> None:
+        self._connects += 1
+        fault = self._in_connect.pop(self._connects, None)
         if fault:
             fault.fire()
 
@@ -227,6 +242,12 @@ def at_merge() -> None:
     plan = process.runtime().faults
     if plan:
         plan.at_merge()
+
+
+def at_connect() -> None:
+    plan = process.runtime().faults
+    if plan:
+        plan.at_connect()
 
 
 def at_handover() -> None:

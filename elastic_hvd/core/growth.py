@@ -399,19 +399,25 @@ class Growth:
             channel = self.channels.get(spare)
             rank = channel.size - 1 if channel is not None else -1
         call = spares.AdoptCall(comm, root, rank, channel)
-        # The spare stays in the pool until the join commits: a join given up sends
-        # it back to waiting, ready for the next adoption (see poll()) -- except a
-        # spawned one: Open MPI's detector never finds a frozen spawned process dead
-        # (docs/openmpi-quirks.md), so one whose adoption failed could cost every later try
-        # the whole spawn timeout.  Its channel is revoked, which sends it away.
+        # The spare stays in the pool until the join commits: a join given up once the
+        # connect completed sends it back to waiting, ready for the next adoption (see
+        # poll()).  Given up inside the connect (on any live rank), it is dropped and
+        # told so: its connect never returns (see "called off" in spares).  A spawned
+        # one is dropped either way: Open MPI's detector never finds a frozen spawned
+        # process dead (docs/openmpi-quirks.md), so one whose adoption failed could cost
+        # every later try the whole spawn timeout; its channel is revoked, which sends
+        # it away.
         if self._start_join(call, 1, started, events,
                             f"adopting the spare ({_spare_name(spare)})", slot, spare):
             return True
-        if spare < 0:
+        connected = comm.agree(1 if call.connected else 0) == 1
+        if not connected:
+            call.call_off()
+        if spare < 0 or not connected:
             self.pool = [(w, host) for w, host in self.pool if w != spare]
-            if (given_up := self.channels.pop(spare, None)) is not None:
-                comm.revoke(given_up)
-                comm.retire(given_up)
+        if spare < 0 and (given_up := self.channels.pop(spare, None)) is not None:
+            comm.revoke(given_up)
+            comm.retire(given_up)
         return False
 
     def _take_ready(self, channel: Any, key: int | None = None) -> None:
@@ -534,9 +540,10 @@ class Growth:
             self._invitation.close()
 
     # -- a spawned process ----------------------------------------------------------------
-    def await_adoption(self) -> str | None:
+    def await_adoption(self) -> tuple[str, int] | None:
         """In a hot spare: wait (outside MPI's collectives, see :mod:`.spares`) until
-        training ranks adopt it; returns the port to connect to.  None elsewhere."""
+        training ranks adopt it; returns the port to connect to and the rank that sent
+        it.  None elsewhere."""
         if not isinstance(self._invitation, spares.SpareInvitation):
             return None
         return self._invitation.wait(lambda why: leave_unjoined(why, who=_SPARE))
@@ -545,18 +552,20 @@ class Growth:
         """In a spare of an in-place job: ``(slot, size)`` once rank 0 claims it."""
         return self._invitation.await_claim(lambda why: leave_unjoined(why, who=_SPARE))
 
-    def join(self, port: str | None = None) -> MembershipEvent | None:
+    def join(self, adoption: tuple[str, int] | None = None) -> MembershipEvent | None:
         """Joiner side: meet the running job and take over its bookkeeping; returns
         the growth event.  If the job gave up on this process (its ranks changed, or
         training ended first), a spawned process exits: nobody needs it; a spare
-        (``port``: where the adopting ranks accept) returns None and waits again."""
+        (``adoption``: where the adopting ranks accept, and their root) returns None
+        and waits again."""
         if not self.joining:
             raise ElasticHvdError("join(): this process is not joining a running job")
         comm, MPI = self.comm, self.comm.MPI
         started = time.perf_counter()
         merged = adopted = None
         try:
-            merged = self._invitation.accept() if port is None else self._invitation.connect(port)
+            merged = (self._invitation.accept() if adoption is None else
+                      self._invitation.connect(*adoption))
             merged.Send(np.ones(1, dtype=np.int8), dest=0, tag=_READY)
             slot = self.replacing  # "adopted": the ranks committed to this join
             adopted = merged.Dup() if slot is None else merged.Split(0, slot)
@@ -564,7 +573,7 @@ class Growth:
             book = adopted.bcast(None, root=0)
         except MPI.Exception as exc:
             broken = [c for c in (adopted, merged) if c is not None]
-            if port is None:
+            if adoption is None:
                 leave_unjoined(_GIVEN_UP, *broken)
             print(f"elastic_hvd: {_SPARE} waits again: an adoption broke off "
                   f"({exc.Get_error_string()})", file=sys.stderr, flush=True)

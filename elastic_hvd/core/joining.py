@@ -71,9 +71,9 @@ class JoiningMixin:
         growth event.  A spare waits here until it is adopted, beating (outside
         ``_in_mpi``), and again after an adoption that broke off."""
         while True:
-            port = self._growth.await_adoption()
+            adoption = self._growth.await_adoption()
             with self._in_mpi():
-                event = self._growth.join(port)
+                event = self._growth.join(adoption)
             if event is not None:
                 return event
 

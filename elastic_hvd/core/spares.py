@@ -18,6 +18,14 @@ for one of two messages:
   process does (:mod:`.growth`): the merged communicator, the ready message, the
   commit, the book, the live training state.
 * *release*: training ended without needing it; it exits 0.
+* *called off*: the training ranks gave its adoption up before the connect completed
+  (one of them died inside ``MPI_Comm_accept``).  The spare's ``MPI_Comm_connect``
+  then never returns (measured: stuck in ``PMIx_Lookup`` until the detector, fed by
+  nobody, evicted the spare 10 s later), and a second adoption of it leaves the
+  root's accept stuck too, which broke the job when the spare finally died (an
+  endless ``NBC_Progress`` error 77 loop, a heap corruption).  So the ranks drop it
+  from the pool, and the spare, told so (or finding the root dead), leaves: as a
+  crash if still inside its connect, else cleanly.
 
 A plain Horovod-style script has no growth point (it shards its data by
 ``hvd.rank()`` before anything else and trains with ``model.fit``), so there a
@@ -70,9 +78,12 @@ if TYPE_CHECKING:
 #: Seconds between two looks for a message while a spare waits.
 POLL = 0.05
 #: Tags on a spare's channel (``MPI_COMM_WORLD``, or a spawned spare's merged communicator):
-#: its "ready" (with the slot it takes, -1 for none), the training ranks' "adopt", "release"
-#: and "claim" (slot, size).
-READY, ADOPT, RELEASE, CLAIM = 32001, 32002, 32003, 32004
+#: its "ready" (with the slot it takes, -1 for none), the training ranks' "adopt", "release",
+#: "claim" (slot, size) and "called off" (an adoption given up inside the connect).
+READY, ADOPT, RELEASE, CLAIM, CALLED_OFF = 32001, 32002, 32003, 32004, 32005
+#: Why a spare leaves when its adoption was called off.
+_CALLED_OFF_WHY = ("the training ranks gave its adoption up before its connect completed (one "
+                   "of them died inside it), and dropped it")
 
 
 def split_world(MPI: Any, count: int) -> tuple[Any, list[tuple[int, str]], int]:
@@ -158,12 +169,14 @@ class SpareInvitation:
         while True:
             claim = self._look(leave, CLAIM, 8)
             if claim is not None:
-                self.slot, size = (int(v) for v in np.frombuffer(claim, np.int32))
+                self.slot, size = (int(v) for v in np.frombuffer(claim[1], np.int32))
                 return self.slot, size
 
-    def wait(self, leave: Callable[[str], NoReturn]) -> str:
-        """Until adopted; returns the port name to connect to.  Calls ``leave(why)``
-        (which never returns) when released or when no training rank is left."""
+    def wait(self, leave: Callable[[str], NoReturn]) -> tuple[str, int]:
+        """Until adopted; returns the port name to connect to and the channel's rank
+        of the training rank that sent it (the adoption's root).  Calls ``leave(why)``
+        (which never returns) when released, called off, or when no training rank is
+        left."""
         MPI, channel = self.MPI, self._channel
         if self._sends is None:  # once: a spare stays ready after a broken adoption
             self._sends = []
@@ -176,29 +189,39 @@ class SpareInvitation:
                 except MPI.Exception:
                     pass  # a rank that died
         while True:
-            port = self._look(leave, ADOPT, 1)
-            if port is not None:
-                return port.decode()
+            adopt = self._look(leave, ADOPT, 1)
+            if adopt is not None:
+                return adopt[1].decode(), adopt[0]
 
-    def _look(self, leave: Callable[[str], NoReturn], tag: int, size: int) -> bytes | None:
-        """One look for a message with ``tag`` (its bytes, or None after a pause);
-        leaves when released or when no training rank is left."""
+    def _look(self, leave: Callable[[str], NoReturn], tag: int,
+              size: int) -> tuple[int, bytes] | None:
+        """One look for a message with ``tag`` (its sender and bytes, or None after a
+        pause); leaves when released, called off, or when no training rank is left."""
         MPI, channel = self.MPI, self._channel
         if receive(MPI, channel, RELEASE) is not None:
             leave("training ended without needing it")
+        if receive(MPI, channel, CALLED_OFF) is not None:
+            leave(_CALLED_OFF_WHY)
         message = receive(MPI, channel, tag, size)
         if message is not None and message[1] is not None:
-            return message[1]
+            return message[0], message[1]
         if set(range(self.initial_size)) <= failed_ranks(MPI, channel):
             leave("every training rank of the job is gone" if self.in_world else
                   "every rank that spawned it is gone (no other can adopt it)")
         time.sleep(POLL)
         return None
 
-    def connect(self, port: str) -> Any:
-        """The communicator merged with the training ranks that adopt this spare."""
+    def connect(self, port: str, root: int) -> Any:
+        """The communicator merged with the training ranks that adopt this spare
+        (``root``: the channel's rank of the one that sent ``port``)."""
         MPI = self.MPI
-        inter = MPI.COMM_SELF.Connect(port)
+        connected = threading.Event()
+        threading.Thread(target=_end_if_called_off, args=(MPI, self._channel, root, connected),
+                         name="elastic_hvd-connect-watch", daemon=True).start()
+        try:
+            inter = MPI.COMM_SELF.Connect(port)
+        finally:
+            connected.set()
         inter.Set_errhandler(MPI.ERRORS_RETURN)
         adopters = set(inter.Get_remote_group().Translate_ranks(
             list(range(inter.Get_remote_size())), self._channel.Get_group())) - {MPI.UNDEFINED}
@@ -221,6 +244,32 @@ class SpareInvitation:
         if not self.in_world and self._channel is not None:
             retire(self._channel)
             self._channel = None
+
+
+def _end_if_called_off(MPI: Any, channel: Any, root: int, connected: threading.Event) -> None:
+    """While a spare is inside ``MPI_Comm_connect``: if the adoption's root died or the
+    training ranks called the adoption off, the connect never returns -- the spare
+    ends as a crash (see *called off* in the module doc)."""
+    while not connected.wait(POLL):
+        try:
+            off = channel.Iprobe(root, CALLED_OFF)
+        except MPI.Exception:
+            off = True  # the root failed (or the channel was revoked)
+        if off and not connected.is_set():
+            workarounds.used("merge_death_crash", "a hot spare's connect")
+            end_as_crash("a hot spare: its adoption was given up while it was inside "
+                         "MPI_Comm_connect (a training rank died inside the accept), after "
+                         "which the connect never returns; the ranks dropped it")
+
+
+def call_off(MPI: Any, channel: Any, spare: int) -> None:
+    """The adoption's root, once the ranks agreed that a given-up adoption of the
+    spare of rank ``spare`` of ``channel`` never connected: tell it (see *called off*
+    in the module doc).  One byte, sent eagerly; a dead spare is no error."""
+    try:
+        channel.Send(np.ones(1, np.int8), spare, CALLED_OFF)
+    except MPI.Exception:
+        pass
 
 
 def _leave_if_broken_off(MPI: Any, inter: Any, adopters: set[int], channel: Any,
@@ -265,6 +314,17 @@ class AdoptCall(MergeCall):
                 raise unreachable
             return dup.Accept(self._port, root=root)
         super().__init__(comm, accept)
+
+    @property
+    def connected(self) -> bool:
+        """Whether this rank's ``MPI_Comm_accept`` returned: the spare's connect did too."""
+        return self._inter is not None
+
+    def call_off(self) -> None:
+        """In the root: tell the spare that its adoption was given up before the connect
+        completed (see *called off* in the module doc)."""
+        if self._port is not None:
+            call_off(self._owner.MPI, self._channel, self._spare)
 
     def _partner_failed(self) -> bool:
         # The root knows the spare's rank before the accept ends.

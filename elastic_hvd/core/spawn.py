@@ -129,6 +129,7 @@ class MergeCall:
         owner, MPI = self._owner, self._owner.MPI
         inter = merged = None
         try:
+            faults.at_connect()
             inter = connect(self._comm)
             self._keep(inter)
             self._inter = inter
