@@ -150,6 +150,40 @@ def test_a_spawned_spare_killed_while_waiting_is_not_counted(tmp_path):
     assert results[5]["pid"] != killed[0]
 
 
+def test_a_spawned_spare_stopped_while_waiting_is_dropped_and_ended(tmp_path):
+    # From outside: world rank 1 is killed, the spare replaces it, a spawned spare
+    # refills the pool -- and is SIGSTOPped while it waits; then world rank 2 is killed.
+    # Open MPI's detector never watches a spawned process, so nobody finds the stopped
+    # spare dead: the ranks send it the port and it never connects.  Before: every rank
+    # waited out the spawn timeout (60 s by default; the soak met it as a 63 s step), and
+    # the stopped process lingered to the end.  Now the adoption is given up after
+    # ELASTIC_HVD_ADOPT_TIMEOUT (5 s), the adoption's root kills the spare, and a
+    # spawned replacement refills the job: 4 ranks, totals exact.
+    stopped = []
+
+    def watch(out, marker):
+        stopped.append(signal_the_spawned_spare(out, marker, signal.SIGSTOP, 0.05))
+        time.sleep(0.5)
+        os.kill(job_ranks(marker)[2], signal.SIGKILL)
+
+    try:
+        job = run_job("growth_scenarios.py", 3 * STEPS, np=4,
+                      launcher=["--spares", "1", "--respawn"], tmp_path=tmp_path, timeout=180,
+                      expect_rc=None, watcher=watch)
+        results, ids = grown(job)
+        assert stopped, job.output[-4000:]
+        assert "not done after 5s (ELASTIC_HVD_ADOPT_TIMEOUT)" in job.output
+        assert f"killed it (pid {stopped[0]})" in job.output
+        assert shared_history(results, ids) == [([1], []), ([], [4]), ([2], []), ([], [5])]
+        assert ids == [0, 3, 4, 5]
+    finally:
+        for pid in stopped:  # whatever happened, no stopped process outlives the test
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+
 def test_a_spawned_spare_that_ends_cleanly_while_the_ranks_train_is_not_counted(tmp_path):
     # World rank 1 is killed, the spare replaces it, a spawned spare refills the pool;
     # then SIGTERM to that spare, whose program exits 0, while the ranks are inside

@@ -80,6 +80,10 @@ SETTINGS = (
             "steps between broadcasts of the discovered hosts"),
     Setting("spawn_timeout", "ELASTIC_HVD_SPAWN_TIMEOUT", float, 60.0, 0.001,
             "seconds a spawn may take before it is given up"),
+    Setting("adopt_timeout", "ELASTIC_HVD_ADOPT_TIMEOUT", float, 5.0, 0.001,
+            "seconds the ranks wait for a hot spare to connect when they adopt it (it takes "
+            "milliseconds); one that does not, e.g. a stopped spawned spare, which Open MPI's "
+            "detector never watches, is dropped"),
     Setting("oversubscribe", "ELASTIC_HVD_OVERSUBSCRIBE", bool, False, None,
             "spawned ranks may oversubscribe the host (set by elastic-hvd-run)"),
     Setting("replica_budget", "ELASTIC_HVD_REPLICA_BUDGET", float, 0.05, 0.0,

@@ -52,7 +52,7 @@ import numpy as np
 from . import config, faults, heartbeat, mpi_env, spares
 from .errors import ElasticHvdError
 from .membership import MembershipEvent
-from .spawn import MergeCall, SpawnCall, spawn_timeout
+from .spawn import MergeCall, SpawnCall
 
 if TYPE_CHECKING:
     from .comm import ResilientComm
@@ -259,6 +259,7 @@ class Growth:
         self.channels: dict[int, Any] = {}
         self._ready_spares: dict[int, int]
         self._ready_spares = {}  # spares that told this rank they are ready -> slot (-1: none)
+        self._spare_pids: dict[int, int] = {}  # ... -> their process id (see adopt_spare)
 
     @property
     def joining(self) -> bool:
@@ -334,7 +335,7 @@ class Growth:
         """Wait for ``call`` and agree on its outcome: the merged communicator, or None
         with its communicators revoked (and rank 0 saying why)."""
         comm = self.comm
-        merged, error = call.result(spawn_timeout())
+        merged, error = call.result()
         # Done on every rank, and nobody lost meanwhile (``merged`` would hold the dead)?
         if comm.agree(1 if merged is not None else 0) == 1 and len(comm.events) == events:
             return merged
@@ -413,6 +414,8 @@ class Growth:
         connected = comm.agree(1 if call.connected else 0) == 1
         if not connected:
             call.call_off()
+            if call.timed_out:  # stopped or stuck: it may never leave by itself
+                call.end_spare(dict(self.pool).get(spare), self._spare_pids.get(spare))
         if spare < 0 or not connected:
             self.pool = [(w, host) for w, host in self.pool if w != spare]
         if spare < 0 and (given_up := self.channels.pop(spare, None)) is not None:
@@ -425,10 +428,11 @@ class Growth:
         pool's key of the spawned spare it leads to; None: the world's, whose key is
         the sender's rank)."""
         MPI = self.comm.MPI
-        while (message := spares.receive(MPI, channel, spares.READY, 4)) is not None:
+        while (message := spares.receive(MPI, channel, spares.READY, 8)) is not None:
             if message[1] is not None:  # a dead one is found failed by the caller
-                slot = int(np.frombuffer(message[1], np.int32)[0])
+                slot, pid = (int(v) for v in np.frombuffer(message[1], np.int32))
                 self._ready_spares[message[0] if key is None else key] = slot
+                self._spare_pids[message[0] if key is None else key] = pid
 
     def claim_spares(self) -> None:
         """Rank 0 of an in-place job, after each commit (local, no collective): give

@@ -27,6 +27,13 @@ for one of two messages:
   from the pool, and the spare, told so (or finding the root dead), leaves: as a
   crash if still inside its connect, else cleanly.
 
+A spare that waits connects within milliseconds of the *adopt*; the ranks give an
+adoption up after ``ELASTIC_HVD_ADOPT_TIMEOUT`` (5 s), not the spawn's minute: a
+stopped *spawned* spare is never found failed (Open MPI's detector does not watch
+it), and would otherwise cost every rank that minute and linger to the end.  The
+adoption's root kills such a spare when it runs on its host (its pid came with its
+*ready*), as the repair's fence kills an evicted rank.
+
 A plain Horovod-style script has no growth point (it shards its data by
 ``hvd.rank()`` before anything else and trains with ``model.fit``), so there a
 spare waits *inside* ``init()`` (``ELASTIC_HVD_SPARES_WAIT``, see
@@ -60,7 +67,10 @@ it hold that channel: one of them sends it the port, and once all of them are go
 nobody can adopt it -- it leaves, and the pool drops it.
 """
 
+import os
+import signal
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -180,7 +190,7 @@ class SpareInvitation:
         MPI, channel = self.MPI, self._channel
         if self._sends is None:  # once: a spare stays ready after a broken adoption
             self._sends = []
-            ready = np.array([-1 if self.slot is None else self.slot], np.int32)
+            ready = np.array([-1 if self.slot is None else self.slot, os.getpid()], np.int32)
             for r in range(channel.size):  # trainers, and world spares adopted since (not
                 if r == channel.rank:      # waiting ones: they never look at this tag)
                     continue
@@ -293,9 +303,13 @@ class AdoptCall(MergeCall):
     opens a port, sends its name to the spare and accepts; every rank merges.  The
     spare is rank ``spare`` of ``channel`` (the root's: ``MPI_COMM_WORLD`` for a
     spare of the world, the communicator merged with a spawned spare).  Given up,
-    like a spawn, when a member or the spare fails, or after ``spawn_timeout``."""
+    like a spawn, when a member or the spare fails, or after ``adopt_timeout``: a spare
+    that waits connects within milliseconds, but a frozen *spawned* one is never found
+    failed (Open MPI's detector does not watch it), so the spawn's minute would stall
+    every rank."""
 
     _stuck_connect_breaks = True
+    timeout_setting = "adopt_timeout"
 
     def __init__(self, comm: "ResilientComm", root: int, spare: int, channel: Any) -> None:
         MPI = comm.MPI
@@ -326,15 +340,35 @@ class AdoptCall(MergeCall):
         if self._port is not None:
             call_off(self._owner.MPI, self._channel, self._spare)
 
+    def end_spare(self, host: str | None, pid: int | None) -> None:
+        """In the root, once the adoption timed out before the spare connected: SIGKILL
+        the spare (process ``pid`` on ``host``, as it said when ready) if it runs on this
+        host.  A stopped spare never leaves by itself, and Open MPI's detector never
+        evicts a spawned one, so it would linger, and keep mpirun from ending, for ever
+        (the fence of :mod:`.repair` does the same for an evicted rank)."""
+        if self._port is None:
+            return
+        if pid is None or host != socket.gethostname():
+            done = f"it runs on {host}, where this rank cannot end it"
+        else:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                done = f"killed it (pid {pid})"
+            except OSError:
+                done = f"it had ended (pid {pid})"
+        print(f"elastic_hvd: a hot spare did not connect within {self.timeout_s:.0f}s when "
+              f"adopted (stopped or stuck): the ranks dropped it; {done}", file=sys.stderr,
+              flush=True)
+
     def _partner_failed(self) -> bool:
         # The root knows the spare's rank before the accept ends.
         return super()._partner_failed() or (
             self._port is not None
             and self._spare in failed_ranks(self._owner.MPI, self._channel))
 
-    def result(self, timeout: float) -> tuple[Any, BaseException | str | None]:
+    def result(self) -> tuple[Any, BaseException | str | None]:
         try:
-            return super().result(timeout)
+            return super().result()
         finally:
             if self._port is not None:
                 self._owner.MPI.Close_port(self._port)

@@ -95,6 +95,8 @@ class MergeCall:
 
     #: Whether a connect step that does not end once given up breaks this process.
     _stuck_connect_breaks = False
+    #: The setting that bounds the call, in seconds (see :meth:`result`).
+    timeout_setting = "spawn_timeout"
 
     def __init__(self, comm: "ResilientComm", connect: Callable[[Any], Any]) -> None:
         self._owner, self._lock, self._done = comm, threading.Lock(), threading.Event()
@@ -104,6 +106,8 @@ class MergeCall:
         self._merge_ended = False  # ... and it returned the merged communicator
         self._inter: Any = None  # the intercommunicator with the new processes, once made
         self._thread_id: int | None = None  # the call's thread (its CPU time: _end_if_broken)
+        #: Given up because it took longer than :attr:`timeout_s` (see :meth:`result`).
+        self.timed_out = False
         self.merged: Any
         self.error: BaseException | None
         self.merged = self.error = None
@@ -160,17 +164,22 @@ class MergeCall:
             if comm is not None:
                 owner.retire(comm)
 
-    def result(self, timeout: float) -> tuple[Any, BaseException | str | None]:
+    @property
+    def timeout_s(self) -> float:
+        """Seconds the call may take: the value of :attr:`timeout_setting`."""
+        return float(getattr(config.current(), self.timeout_setting))
+
+    def result(self) -> tuple[Any, BaseException | str | None]:
         """``(merged communicator, None)``, or ``(None, why)`` if it failed here, a
         member of the job (or the process to connect) failed meanwhile, or it did not
-        finish within ``timeout`` seconds.
+        finish within the :attr:`timeout_setting`'s seconds.
 
         Why watch the members: ``MPI_Comm_spawn`` does not fail when one of the
         spawning ranks dies inside it (seen in the soak: a SIGKILL then stalled
         every rank until the timeout, 60 s).  The runtime reports the death to the
         survivors within milliseconds, so the spawn is given up as soon as this
         rank knows of a failed member; the agreement that follows repairs."""
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + self.timeout_s
         why = None
         while not self._done.wait(WATCH_PERIOD):
             if self._member_failed():
@@ -178,7 +187,8 @@ class MergeCall:
             elif self._partner_failed():
                 why = "the process to connect failed"
             elif time.monotonic() >= deadline:
-                why = f"not done after {timeout:.0f}s (ELASTIC_HVD_SPAWN_TIMEOUT)"
+                self.timed_out = True
+                why = f"not done after {self.timeout_s:.0f}s ({config.env(self.timeout_setting)})"
             else:
                 continue
             break
