@@ -88,8 +88,8 @@ if TYPE_CHECKING:
 #: Seconds between two looks for a message while a spare waits.
 POLL = 0.05
 #: Tags on a spare's channel (``MPI_COMM_WORLD``, or a spawned spare's merged communicator):
-#: its "ready" (with the slot it takes, -1 for none), the training ranks' "adopt", "release",
-#: "claim" (slot, size) and "called off" (an adoption given up inside the connect).
+#: its "ready" (the slot it takes, -1 for none, and its pid), the training ranks' "adopt",
+#: "release", "claim" (slot, size) and "called off" (an adoption given up inside the connect).
 READY, ADOPT, RELEASE, CLAIM, CALLED_OFF = 32001, 32002, 32003, 32004, 32005
 #: Why a spare leaves when its adoption was called off.
 _CALLED_OFF_WHY = ("the training ranks gave its adoption up before its connect completed (one "
