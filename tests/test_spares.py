@@ -129,20 +129,26 @@ def signal_the_spawned_spare(out, marker, sig, jitter):
     return spare
 
 
+def signal_the_spawned_spare_then_kill_rank_2(tmp_path, sig, signalled):
+    """Run the growth job with 1 spare and --respawn while a watcher sends ``sig`` to
+    the spawned spare that refills the pool (see :func:`signal_the_spawned_spare`;
+    its pid is appended to ``signalled``), then SIGKILLs world rank 2 0.5 s later."""
+    def watch(out, marker):
+        signalled.append(signal_the_spawned_spare(out, marker, sig, 0.05))
+        time.sleep(0.5)
+        os.kill(job_ranks(marker)[2], signal.SIGKILL)
+
+    return run_job("growth_scenarios.py", 3 * STEPS, np=4, launcher=["--spares", "1", "--respawn"],
+                   tmp_path=tmp_path, timeout=180, expect_rc=None, watcher=watch)
+
+
 def test_a_spawned_spare_killed_while_waiting_is_not_counted(tmp_path):
     # From outside: world rank 1 is killed, the spare replaces it, the pool is refilled
     # by a spawned spare -- which is SIGKILLed while it waits; then world rank 2 is
     # killed.  The dead spare is no event and nobody waits for it: the ranks find it
     # dead when they need it and spawn a replacement (4 ranks again), totals exact.
     killed = []
-
-    def watch(out, marker):
-        killed.append(signal_the_spawned_spare(out, marker, signal.SIGKILL, 0.05))
-        time.sleep(0.5)
-        os.kill(job_ranks(marker)[2], signal.SIGKILL)
-
-    job = run_job("growth_scenarios.py", 3 * STEPS, np=4, launcher=["--spares", "1", "--respawn"],
-                  tmp_path=tmp_path, timeout=180, expect_rc=None, watcher=watch)
+    job = signal_the_spawned_spare_then_kill_rank_2(tmp_path, signal.SIGKILL, killed)
     results, ids = grown(job)
     assert killed, job.output[-4000:]
     assert shared_history(results, ids) == [([1], []), ([], [4]), ([2], []), ([], [5])]
@@ -160,16 +166,8 @@ def test_a_spawned_spare_stopped_while_waiting_is_dropped_and_ended(tmp_path):
     # ELASTIC_HVD_ADOPT_TIMEOUT (5 s), the adoption's root kills the spare, and a
     # spawned replacement refills the job: 4 ranks, totals exact.
     stopped = []
-
-    def watch(out, marker):
-        stopped.append(signal_the_spawned_spare(out, marker, signal.SIGSTOP, 0.05))
-        time.sleep(0.5)
-        os.kill(job_ranks(marker)[2], signal.SIGKILL)
-
     try:
-        job = run_job("growth_scenarios.py", 3 * STEPS, np=4,
-                      launcher=["--spares", "1", "--respawn"], tmp_path=tmp_path, timeout=180,
-                      expect_rc=None, watcher=watch)
+        job = signal_the_spawned_spare_then_kill_rank_2(tmp_path, signal.SIGSTOP, stopped)
         results, ids = grown(job)
         assert stopped, job.output[-4000:]
         assert "not done after 5s (ELASTIC_HVD_ADOPT_TIMEOUT)" in job.output

@@ -93,7 +93,7 @@ POLL = 0.05
 READY, ADOPT, RELEASE, CLAIM, CALLED_OFF = 32001, 32002, 32003, 32004, 32005
 #: Why a spare leaves when its adoption was called off.
 _CALLED_OFF_WHY = ("the training ranks gave its adoption up before its connect completed (one "
-                   "of them died inside it), and dropped it")
+                   "of them died inside it, or it did not connect in time), and dropped it")
 
 
 def split_world(MPI: Any, count: int) -> tuple[Any, list[tuple[int, str]], int]:
@@ -268,18 +268,9 @@ def _end_if_called_off(MPI: Any, channel: Any, root: int, connected: threading.E
         if off and not connected.is_set():
             workarounds.used("merge_death_crash", "a hot spare's connect")
             end_as_crash("a hot spare: its adoption was given up while it was inside "
-                         "MPI_Comm_connect (a training rank died inside the accept), after "
-                         "which the connect never returns; the ranks dropped it")
-
-
-def call_off(MPI: Any, channel: Any, spare: int) -> None:
-    """The adoption's root, once the ranks agreed that a given-up adoption of the
-    spare of rank ``spare`` of ``channel`` never connected: tell it (see *called off*
-    in the module doc).  One byte, sent eagerly; a dead spare is no error."""
-    try:
-        channel.Send(np.ones(1, np.int8), spare, CALLED_OFF)
-    except MPI.Exception:
-        pass
+                         "MPI_Comm_connect (a training rank died inside the accept, or it "
+                         "did not connect in time), after which the connect never returns; "
+                         "the ranks dropped it")
 
 
 def _leave_if_broken_off(MPI: Any, inter: Any, adopters: set[int], channel: Any,
@@ -336,9 +327,13 @@ class AdoptCall(MergeCall):
 
     def call_off(self) -> None:
         """In the root: tell the spare that its adoption was given up before the connect
-        completed (see *called off* in the module doc)."""
+        completed (see *called off* in the module doc).  One byte, sent eagerly; a dead
+        spare is no error."""
         if self._port is not None:
-            call_off(self._owner.MPI, self._channel, self._spare)
+            try:
+                self._channel.Send(np.ones(1, np.int8), self._spare, CALLED_OFF)
+            except self._owner.MPI.Exception:
+                pass
 
     def end_spare(self, host: str | None, pid: int | None) -> None:
         """In the root, once the adoption timed out before the spare connected: SIGKILL
