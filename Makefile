@@ -47,8 +47,7 @@ demo: install
 # Chaos soak (issue 18): a Keras job on 4 ranks (--respawn, strict mode) meets a fault every
 # ~15 s (kill, stop, term, exception; random ranks, bursts, during repairs, joins,
 # checkpoints) for SOAK_MINUTES while invariants are checked; output in runs/soak/.
-# Not part of `make test`.  SOAK_ARGS: more driver flags, e.g. --seed N or
-# --avoid-known-limits (no SIGSTOP for spawned processes, which Open MPI never detects).
+# Not part of `make test`.  SOAK_ARGS: more driver flags, e.g. --seed N.
 SOAK_MINUTES ?= 30
 SOAK_ARGS ?=
 soak: install

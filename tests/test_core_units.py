@@ -4,14 +4,18 @@ import ast
 import os
 import re
 import signal
+import socket
+import subprocess
 import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from elastic_hvd.core import faults
 from elastic_hvd.core.collectives import even_splits
-from elastic_hvd.core import config
+from elastic_hvd.core import config, process
+from elastic_hvd.core.stopped_peers import StoppedPeers, state_of
 from elastic_hvd.core.signature import SignaturePredictor
 from elastic_hvd.runner import launch
 
@@ -267,7 +271,7 @@ def test_waiting_board_hears_others_recent_words_not_its_own(tmp_path, monkeypat
 
 
 def test_every_open_mpi_workaround_is_in_the_table_with_a_reproducer_and_is_counted():
-    from elastic_hvd.core import process, workarounds
+    from elastic_hvd.core import workarounds
 
     root = Path(__file__).resolve().parent.parent
     called = set()
@@ -369,3 +373,58 @@ def test_a_given_up_call_that_spins_is_told_from_one_that_waits():
     ended = spawn.MergeCall.__new__(spawn.MergeCall)
     ended._thread_id = None
     assert ended._cpu_share() == 0.0
+
+
+class _Members:
+    """What the watch of stopped members reads of a communicator: the members' original
+    ids in rank order, and each one's (host, pid)."""
+
+    def __init__(self, procs):
+        self.ids, self._procs = tuple(procs), procs
+
+    def process_of(self, original_id):
+        return self._procs[original_id]
+
+
+def _stopped(*procs):
+    for proc in procs:
+        os.kill(proc.pid, signal.SIGSTOP)
+    deadline = time.monotonic() + 10
+    while any(state_of(p.pid)[0] != "T" for p in procs) and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def test_a_member_stopped_on_this_host_is_killed_past_the_patience_by_the_lowest_running():
+    # Real processes, really stopped; the communicator is only what the watch reads.
+    here = socket.gethostname()
+    a, b, c, d = (subprocess.Popen(["sleep", "60"]) for _ in range(4))
+    settings = config.from_environ({"ELASTIC_HVD_HEARTBEAT_PERIOD": "0.5",
+                                    "ELASTIC_HVD_HEARTBEAT_TIMEOUT": "2"})
+    try:
+        _stopped(a, b, c)
+        # Rank 0 stopped; this process, rank 1, is the lowest one running: it looks.
+        # Rank 3 is stopped too, but on another host (nobody there to look: left alone).
+        members = _Members({7: (here, a.pid), 3: (here, os.getpid()), 9: (here, c.pid),
+                            4: ("elsewhere", b.pid), 5: (here, d.pid)})
+        old = process.use(process.Runtime(settings=settings, comm=members))
+        try:
+            watch = StoppedPeers()
+            assert watch.look(100.0) == []  # first seen stopped
+            assert watch.look(102.9) == []  # not yet 1.5 x the 2 s heartbeat timeout
+            assert watch.look(103.0) == [a.pid, c.pid]
+            assert a.wait(10) == c.wait(10) == -signal.SIGKILL
+            assert state_of(b.pid)[0] == "T" and d.poll() is None
+            # A running process of this host ranks lower (d, rank 0): it looks, not us.
+            _stopped(d)
+            os.kill(d.pid, signal.SIGCONT)
+            process.use(process.Runtime(settings=settings, comm=_Members(
+                {5: (here, d.pid), 3: (here, os.getpid()), 4: (here, b.pid)})))
+            watch = StoppedPeers()
+            assert watch.look(100.0) == [] and watch.look(200.0) == []
+            assert state_of(b.pid)[0] == "T"
+        finally:
+            process.use(old)
+    finally:
+        for proc in (a, b, c, d):
+            proc.kill()
+            proc.wait()

@@ -8,12 +8,13 @@ state, or a step it missed or repeated, changes it.
 """
 
 import os
+import random
 import signal
 import time
 
 import pytest
 
-from mpijob import job_processes, job_ranks, run_job
+from mpijob import job_processes, job_ranks, run_job, spawned_processes
 
 pytestmark = pytest.mark.multirank
 
@@ -88,6 +89,48 @@ def test_respawn_replaces_a_killed_rank(tmp_path):
     assert results[0]["sizes"][-1] == 4 and 3 in results[0]["sizes"]
     # Before it joined, the joiner had no id at all (not a made-up one).
     assert results[4]["before_join"] == {"original_id": None, "ids": []}
+
+
+def test_a_stopped_joiner_is_killed_by_a_rank_on_its_host(tmp_path):
+    # Rank 2 dies at step 10 and a respawned process (id 4) joins; a watcher outside the
+    # job SIGSTOPs it at a random moment once it is a member.  Open MPI's detector never
+    # watches a spawned process (test_liveness.py), so every rank waited for it for ever
+    # (the soak sent such stops as kills).  Now the lowest rank of its host kills it
+    # after 1.5 heartbeat timeouts (3 s here), the others repair, and a second respawned
+    # process (id 5) refills the job: 4 ranks, totals exact.
+    stopped = []
+
+    def watch(out, marker):
+        deadline = time.monotonic() + 60
+        while not list(out.glob("joined-*")) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        [joiner] = spawned_processes(marker)
+        assert (out / f"joined-{joiner}").exists()
+        time.sleep(random.uniform(0, 0.5))
+        os.kill(joiner, signal.SIGSTOP)
+        stopped.append(joiner)
+
+    try:
+        job = run_job("growth_scenarios.py", 400, np=4, faults="rank=2,step=10",
+                      launcher=["--respawn", "--heartbeat-period", "0.5",
+                                "--heartbeat-timeout", "2"],
+                      tmp_path=tmp_path, timeout=180, expect_rc=None, watcher=watch)
+        results, ids = grown(job)
+        assert stopped, job.output[-4000:]
+        killed = [line for line in job.output.splitlines()
+                  if f"pid {stopped[0]}) has been stopped for" in line]
+        assert len(killed) == 1 and "killing it" in killed[0], job.output[-4000:]
+        events = check_history(results, ids)
+        assert [(e["lost"], e["gained"]) for e in events] == \
+            [([2], []), ([], [4]), ([4], []), ([], [5])]
+        assert ids == [0, 1, 3, 5]
+        assert 2.5 < events[2]["detect_s"] < 30, events[2]  # not before 1.5 x 2 s
+    finally:
+        for pid in stopped:  # whatever happened, no stopped process outlives the test
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
 
 
 def test_joiner_killed_after_joining_and_two_lost_at_once(tmp_path):

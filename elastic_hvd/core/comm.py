@@ -190,7 +190,12 @@ class ResilientComm(JoiningMixin, RepairMixin, CollectivesMixin):
 
     def host_of(self, original_id: int) -> str | None:
         """Host of a process, current or lost, by original id (None if unknown)."""
-        return self._procs.get(original_id, (None, None))[0]
+        return self.process_of(original_id)[0]
+
+    def process_of(self, original_id: int) -> tuple[str | None, int | None]:
+        """(host, pid) of a process, current or lost, by original id ((None, None) if
+        unknown)."""
+        return self._procs.get(original_id, (None, None))
 
     # -- the transaction ----------------------------------------------------------
     def run(self, signature: Any, attempt: Callable[[Any], Any]) -> Any:

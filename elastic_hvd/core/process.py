@@ -25,6 +25,9 @@ class Runtime:
     session: Any = None
     #: The heartbeat (GIL-free MPI progress, stall watchdog), from ``init()`` to its stop.
     heartbeat: Any = None
+    #: The watch of this host's stopped members (``stopped_peers``), from the first
+    #: elastic ``init()`` to the process's end.
+    stopped_peers: Any = None
     #: The fault plan of tests and demos (``faults.configure``), None without one.
     faults: Any = None
     #: ``hvd.elastic.run``'s growth policy (the TF layer's), made when first asked for.

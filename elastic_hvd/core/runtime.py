@@ -18,6 +18,7 @@ from .mpi_env import (CONNECTED_FINALIZE_DEADLINE, end_as_crash, finalize, ft_en
                       load_mpi, retire, ulfm_compiled)
 from .session import Session
 from .spares import SpareInvitation, split_world
+from .stopped_peers import StoppedPeers
 
 NOT_ELASTIC_WARNING = (
     "elastic_hvd: WARNING: this job runs WITHOUT fault tolerance ({why}); the loss of any "
@@ -120,6 +121,9 @@ def init(comm: Any = None, *, min_np: int | None = None,
         elastic=elastic, heartbeat=heartbeat, invitation=rt.invitation, pool=pool,
         spares_in_place=in_place)
     rt.invitation = None  # taken: its communicator becomes the live one when this process joins
+    if elastic and rt.stopped_peers is None:  # what Open MPI's detector does not see
+        rt.stopped_peers = StoppedPeers()
+        rt.stopped_peers.start()
     if rt.on_strict_abort is not None and comm_.anomalies.strict:  # told before MPI_Abort
         hook = rt.on_strict_abort
         comm_.anomalies.listeners.add(lambda _entry: hook(ANOMALY_EXIT_STATUS))

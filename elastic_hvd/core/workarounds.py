@@ -118,6 +118,14 @@ TABLE = (
         "joiners and ranks connect every pair at the merge",
         "tests/test_growth.py::test_joiner_killed_after_joining_and_two_lost_at_once"),
     Workaround(
+        "stopped_peer_killed",
+        "the heartbeat detector watches MPI_COMM_WORLD only: a stopped (SIGSTOP) spawned "
+        "process, or the last process of a world, is never evicted and the others wait "
+        "for it for ever",
+        "the lowest member on each host that is not stopped kills a member of its host "
+        "stopped for 1.5 heartbeat timeouts (state T in /proc)",
+        "tests/test_growth.py::test_a_stopped_joiner_is_killed_by_a_rank_on_its_host"),
+    Workaround(
         "spawn_given_up",
         "a spawned process now and then never finishes MPI_Init, and MPI_Comm_spawn does "
         "not fail when a spawning rank dies inside it",

@@ -22,12 +22,12 @@ planned.  So the driver picks, from a seeded random generator,
 At least ``MIN_ALIVE`` members always stay untouched: a fault that would leave
 fewer waits until respawned processes have refilled the job.
 
-``avoid_known_limits``: a ``STOP`` is sent as ``KILL`` (and logged so) when nobody
-would detect it: Open MPI 5.0.11's detector watches each ``MPI_COMM_WORLD`` only, so a
-*spawned* process is never observed (``tests/test_liveness.py``), and neither is a
-world rank once no other untouched world rank is left (seen: the job hung with a
-stopped rank 0 among joiners).  The job would hang there until issue 20's spares
-replace respawning.  Off by default: the full soak keeps meeting it.
+A ``STOP`` is always found: Open MPI's detector evicts a stopped world rank it
+watches, and elastic_hvd kills a stopped one it does not watch (a spawned process,
+the last rank of a world: ``elastic_hvd/core/stopped_peers.py``) from any running
+member on its host -- here ``MIN_ALIVE`` untouched members always run on this host.
+Before that watch, such a STOP hung the job, and the soak ran with
+``--avoid-known-limits`` (sent it as a KILL).
 """
 
 import dataclasses
@@ -82,9 +82,8 @@ def running(pid):
 class Chaos:
     """Chooses and injects faults into the job marked ``marker`` (see module doc)."""
 
-    def __init__(self, rng, records, marker, log, avoid_known_limits=False):
+    def __init__(self, rng, records, marker, log):
         self.rng, self.records, self.marker, self.log = rng, records, marker, log
-        self.avoid_known_limits = avoid_known_limits
         self.faults = []
         self.touched = set()  # PIDs already given a fault
         self._ours = set()  # PIDs checked to be the job's soak ranks
@@ -105,11 +104,6 @@ class Chaos:
                 return True
         return False
 
-    def _observed(self, pid):
-        """Whether Open MPI's detector would see ``pid`` freeze: a world rank (not
-        spawned) while another world rank is alive and untouched."""
-        return not spawned(pid) and any(not spawned(p) for p in self.alive() if p != pid)
-
     def _pick(self, weights):
         return self.rng.choices(list(weights), list(weights.values()))[0]
 
@@ -118,8 +112,6 @@ class Chaos:
             self.log(f"refused to signal pid {pid}: not one of the job's ranks")
             return None
         latest = self.records.latest.get(pid, {})
-        if kind == "STOP" and self.avoid_known_limits and not self._observed(pid):
-            kind, note = "KILL", f"{note} (a STOP nobody would detect sent as KILL: known limit)"
         try:
             os.kill(pid, SIGNALS[kind])
         except ProcessLookupError:

@@ -68,8 +68,6 @@ def parse_args():
     parser.add_argument("--spares", type=int, default=2,
                         help="hot spares (elastic-hvd-run --spares); 0: refill by respawn only")
     parser.add_argument("--out", default=None, help="default: runs/soak/<time>")
-    parser.add_argument("--avoid-known-limits", action="store_true",
-                        help="send KILL instead of STOP to spawned processes (see chaos.py)")
     return parser.parse_args()
 
 
@@ -86,8 +84,7 @@ class Soak:
         self.log_file = open(self.out / "driver.log", "a")
         self.records = JobRecords(self.out / "job")
         self.invariants = Invariants(self.records, SAMPLES, BASE_LR, self.log)
-        self.chaos = Chaos(self.rng, self.records, self.marker, self.log,
-                           args.avoid_known_limits)
+        self.chaos = Chaos(self.rng, self.records, self.marker, self.log)
         self.lines = queue.Queue()
         self.exit_status = None
 

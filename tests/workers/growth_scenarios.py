@@ -79,6 +79,8 @@ def main(steps, fail_before_join=None, joiner_delay=0.0, joiner_blocked=0.0,
                 {"step": step, "total": total, "expected": expected, "policy": policy.state()})
             if comm.original_id in event.gained:
                 step, total, joined_at = state["step"], state["total"], state["step"]
+                open(os.path.join(os.environ["TEST_OUT_DIR"], f"joined-{os.getpid()}"),
+                     "w").close()  # a member now: a watcher may freeze it
                 if os.environ.get("TEST_ANOMALY_IN_JOINER"):
                     answer_with_a_foreign_agreement(comm)
                 expected = state["expected"]

@@ -1,0 +1,99 @@
+"""Members stopped on this host: the freezes Open MPI's detector does not see.
+
+Open MPI 5.0.11's heartbeat detector watches each ``MPI_COMM_WORLD`` only: a process
+spawned into the job (``--respawn``, ``--max-np``, a spawned hot spare once adopted)
+is never observed, nor is a world rank once no other rank of its world is left
+(docs/openmpi-quirks.md).  Stop such a process (SIGSTOP) and every other rank waits
+for it for ever.  What the detector cannot see, the kernel says: a stopped process
+is in state ``T``.  So on each host the lowest-ranked member that is not stopped
+looks at the job's other members there every heartbeat period, and kills one that
+has stayed stopped for :data:`PATIENCE` heartbeat timeouts -- what the detector's
+eviction and the repair's fence do to a world rank (the detector, where it watches,
+acts first) -- saying so in one line.  The others see a crash within milliseconds
+and repair.
+
+Not covered: a member with no other member on its host (nobody there to look), one
+frozen without being stopped (nothing tells it from a busy one), and one that a
+debugger holds (state ``t``: left alone on purpose).
+"""
+
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+
+from . import config, process, workarounds
+
+#: Heartbeat timeouts a member must stay stopped before it is killed: past the
+#: detector's own eviction of a world rank, so that this only acts where it does not.
+PATIENCE = 1.5
+STOPPED = "T"
+
+
+def state_of(pid: int) -> tuple[str, int] | None:
+    """(state letter, start time in clock ticks) of process ``pid``, None if it is gone.
+    The start time tells a process from a later one that got the same pid."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rpartition(")")[2].split()
+        return fields[0], int(fields[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class StoppedPeers:
+    """The watch of one process (see the module doc); :meth:`look` is one round."""
+
+    def __init__(self) -> None:
+        self._host = socket.gethostname()
+        #: When each stopped member (pid, start time) was first seen stopped.
+        self._since: dict[tuple[int, int], float] = {}
+
+    def start(self) -> None:
+        """Look every heartbeat period from now on, in a thread of its own that makes
+        no MPI call (for as long as the process lives: it reads the runtime's current
+        communicator, if any, at each look)."""
+        threading.Thread(target=self._run, name="elastic_hvd-stopped-peers",
+                         daemon=True).start()
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(config.current().heartbeat_period)
+            self.look(time.monotonic())
+
+    def look(self, now: float) -> list[int]:
+        """One round: kill the members of this host stopped for too long, if this process
+        is the one to look; returns the pids killed."""
+        comm = process.runtime().comm
+        if comm is None:
+            return []
+        here = []  # (rank, original id, pid, (state, start)) of the members on this host
+        for rank, i in enumerate(comm.ids):
+            host, pid = comm.process_of(i)
+            if host == self._host and pid is not None and (state := state_of(pid)):
+                here.append((rank, i, pid, state))
+        stopped = {(pid, start) for _, _, pid, (letter, start) in here if letter == STOPPED}
+        self._since = {key: self._since.get(key, now) for key in stopped}
+        looking = next((pid for _, _, pid, (letter, _) in here if letter != STOPPED), None)
+        if looking != os.getpid():
+            return []
+        timeout = config.current().heartbeat_timeout
+        killed = []
+        for rank, i, pid, (letter, start) in here:
+            if letter == STOPPED and now - self._since[(pid, start)] >= PATIENCE * timeout:
+                workarounds.used("stopped_peer_killed")
+                print(f"elastic_hvd: rank {rank} (original rank {i}, pid {pid}) has been "
+                      f"stopped for {now - self._since[(pid, start)]:.1f}s, longer than "
+                      f"{PATIENCE:g} x the heartbeat timeout ({timeout:g}s), and Open MPI's "
+                      "detector has not evicted it (it watches no spawned process, nor the "
+                      "last one of a world): killing it so that the others can go on",
+                      file=sys.stderr, flush=True)
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                    killed.append(pid)
+                except OSError:
+                    pass  # it ended meanwhile
+                del self._since[(pid, start)]
+        return killed
