@@ -29,7 +29,9 @@ from . import config, process, workarounds
 #: Heartbeat timeouts a member must stay stopped before it is killed: past the
 #: detector's own eviction of a world rank, so that this only acts where it does not.
 PATIENCE = 1.5
-STOPPED = "T"
+#: States of a process (``/proc/PID/stat``): stopped by a signal; and every state of
+#: one that cannot look (stopped, held by a debugger, dead).
+STOPPED, NOT_LOOKING = "T", "TtZX"
 
 
 def state_of(pid: int) -> tuple[str, int] | None:
@@ -76,7 +78,8 @@ class StoppedPeers:
                 here.append((rank, i, pid, state))
         stopped = {(pid, start) for _, _, pid, (letter, start) in here if letter == STOPPED}
         self._since = {key: self._since.get(key, now) for key in stopped}
-        looking = next((pid for _, _, pid, (letter, _) in here if letter != STOPPED), None)
+        looking = next((pid for _, _, pid, (letter, _) in here if letter not in NOT_LOOKING),
+                       None)
         if looking != os.getpid():
             return []
         timeout = config.current().heartbeat_timeout
