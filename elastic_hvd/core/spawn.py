@@ -31,8 +31,10 @@ NEVER_SENT = 32100
 #: broken by it (a sound one ends within milliseconds).
 BROKEN_GRACE = 1.0
 #: Seconds over which a given-up call's thread is watched, and the share of a core
-#: that marks it as spinning in Open MPI's endless retry (see MergeCall._end_if_broken).
-SPIN_SAMPLE, SPIN_SHARE = 0.5, 0.1
+#: that marks it as spinning in Open MPI's endless retry (see MergeCall._end_if_broken):
+#: low, because a loop gets only its part of the cores on a loaded host (a pure spin
+#: got 16 % of a core at a load average of ~10 on 2 cores), and one that waits uses 0.
+SPIN_SAMPLE, SPIN_SHARE = 0.5, 0.05
 #: Variables of the MPI runtime: they describe the spawning process, not a joiner.
 RUNTIME_PREFIXES = ("PMIX", "PRTE", "OMPI_")
 
