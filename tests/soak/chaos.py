@@ -59,13 +59,26 @@ class Fault:
     rank: int
     alive: int  # untouched members just before it
     note: str = ""
+    start: int | None = None  # the process's start time: (pid, start) is the process
 
 
 def process_state(pid):
     """The state letter of ``/proc/PID/stat`` (R, S, T, Z...), or None if gone."""
+    return (_stat(pid) or [None])[0]
+
+
+def start_of(pid):
+    """The start time of process ``pid`` (clock ticks since boot), None if gone: with
+    the pid, what tells a process from a later one that got the same pid."""
+    fields = _stat(pid)
+    return int(fields[19]) if fields else None
+
+
+def _stat(pid):
+    """The fields of ``/proc/PID/stat`` after the command's name, or None if gone."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
+            return f.read().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
         return None
 
@@ -75,8 +88,11 @@ def spawned(pid):
     return b"elastic_hvd.runner.join" in proc_entries(pid, "cmdline")
 
 
-def running(pid):
-    return process_state(pid) not in (None, "Z", "X")
+def running(pid, start=None):
+    """Whether ``pid`` runs (and is the process that started at ``start``, if given)."""
+    fields = _stat(pid)
+    return (fields is not None and fields[0] not in ("Z", "X")
+            and (start is None or int(fields[19]) == start))
 
 
 class Chaos:
@@ -85,22 +101,23 @@ class Chaos:
     def __init__(self, rng, records, marker, log):
         self.rng, self.records, self.marker, self.log = rng, records, marker, log
         self.faults = []
-        self.touched = set()  # PIDs already given a fault
-        self._ours = set()  # PIDs checked to be the job's soak ranks
+        self.touched = set()  # (pid, start) of the processes already given a fault
+        self._ours = set()  # (pid, start) of the processes checked to be the job's ranks
 
     def alive(self):
         """Members (they committed a step) not given a fault and still running."""
-        return sorted(pid for pid in self.records.latest
-                      if pid not in self.touched and running(pid))
+        return sorted(pid for pid, r in self.records.latest.items()
+                      if (pid, r["start"]) not in self.touched and running(pid, r["start"]))
 
     def is_rank(self, pid):
-        if pid in self._ours:
+        process = (pid, start_of(pid))  # a pid checked once may belong to another process now
+        if process in self._ours:
             return True
         if pid in job_processes(self.marker):
             argv = proc_entries(pid, "cmdline")
             if (any(a in argv for a in (b"elastic_hvd.runner.program", b"elastic_hvd.runner.join"))
                     and any(a.endswith(b"soak/job.py") for a in argv)):
-                self._ours.add(pid)
+                self._ours.add(process)
                 return True
         return False
 
@@ -111,14 +128,17 @@ class Chaos:
         if not self.is_rank(pid):
             self.log(f"refused to signal pid {pid}: not one of the job's ranks")
             return None
+        start = start_of(pid)
         latest = self.records.latest.get(pid, {})
+        if latest.get("start") != start:
+            latest = {}  # a joiner not yet a member (or the record of an earlier process)
         try:
             os.kill(pid, SIGNALS[kind])
         except ProcessLookupError:
             return None
         fault = Fault(time.time(), kind, moment, pid, latest.get("id"), latest.get("rank"),
-                      alive, note)
-        self.touched.add(pid)
+                      alive, note, start)
+        self.touched.add((pid, start))
         self.faults.append(fault)
         self.log(f"FAULT {kind:5s} {moment:10s} pid {pid} id {fault.id} rank {fault.rank} "
                  f"({alive} untouched before){' ' + note if note else ''}")
@@ -170,7 +190,7 @@ class Chaos:
         def new_processes():
             time.sleep(0.02)  # a scan of /proc takes a few ms: not every ms
             return [pid for pid in job_processes(self.marker)
-                    if pid not in self.records.procs and spawned(pid)]
+                    if (pid, start_of(pid)) not in self.records.procs and spawned(pid)]
         children = self._wait(new_processes)
         if not children:
             return self._random(alive, note="(no spawn seen)")

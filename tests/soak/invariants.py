@@ -36,17 +36,18 @@ import dataclasses
 import statistics
 import time
 
-from chaos import running
+from chaos import running, start_of
 
 SETTLE_S = 5.0
 STEP_BOUND_S = 10.0
 RSS_WARMUP_S, RSS_SPAN_S, RSS_GROWTH = 60.0, 60.0, 0.05
 VICTIM_GONE_S = 60.0
 LR_RTOL = 1e-5
-#: A known limit, still a violation but named: Open MPI 5.0.11's heartbeat detector
-#: never observes a spawned (respawned) process, so a frozen one is never evicted
-#: (reproduced in tests/test_liveness.py; issue 20 replaces respawn by hot spares).
-SPAWNED_STOP_LIMIT = "known limit: a stopped spawned process is never detected"
+#: A known limit, still a violation but named: Open MPI 5.0.11's heartbeat detector never
+#: observes a spawned process (tests/test_liveness.py), and elastic_hvd's watch of stopped
+#: processes (core/stopped_peers.py) covers members only: a joiner stopped before it
+#: joined is never found.
+SPAWNED_STOP_LIMIT = "known limit: a spawned process stopped before it joined is never detected"
 
 
 @dataclasses.dataclass
@@ -65,7 +66,7 @@ class Invariants:
         self.checks = collections.Counter()  # invariant -> how many times it was checked
         self.lr_stale_steps = 0  # steps that began with a rate not yet rescaled
         self._steps_done, self._epochs_done, self._events_done = set(), set(), 0
-        self._rss = {}  # pid -> [(time, kB)]
+        self._rss = {}  # (pid, start) -> [(time, kB)]
         self._rss_judged = set()
         self._victims_judged, self._vanished = set(), set()
 
@@ -147,33 +148,36 @@ class Invariants:
         now = time.time()
         for pid in pids:
             try:
+                start = start_of(pid)
                 with open(f"/proc/{pid}/status") as f:
                     kb = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
             except (OSError, StopIteration):
                 continue
-            samples = self._rss.setdefault(pid, [])
+            if start is None or start_of(pid) != start:
+                continue  # it ended (and its pid was taken) while being read
+            samples = self._rss.setdefault((pid, start), [])
             samples.append((now, kb))
-            self._judge_rss(pid, samples)
+            self._judge_rss((pid, start), samples)
 
-    def _judge_rss(self, pid, samples):
+    def _judge_rss(self, process, samples):
         born = samples[0][0]
         warm = [kb for t, kb in samples if t >= born + RSS_WARMUP_S]
-        if pid in self._rss_judged or samples[-1][0] < born + RSS_WARMUP_S + RSS_SPAN_S:
+        if process in self._rss_judged or samples[-1][0] < born + RSS_WARMUP_S + RSS_SPAN_S:
             return
         base, now = statistics.median(warm[:3]), statistics.median(warm[-3:])
         self.checks["rss flat"] += 1
         if now > base * (1 + RSS_GROWTH):
-            self._rss_judged.add(pid)
-            self.violate("rss flat", f"pid {pid}: {base} kB after warm-up, {now} kB "
+            self._rss_judged.add(process)
+            self.violate("rss flat", f"pid {process[0]}: {base} kB after warm-up, {now} kB "
                          f"{samples[-1][0] - born:.0f} s after its first sample")
 
     def rss_summary(self):
-        """pid -> (seconds sampled, kB after warm-up, kB last) for the ranks judged."""
+        """(pid, start) -> (seconds sampled, kB after warm-up, kB last) for the ranks judged."""
         out = {}
-        for pid, samples in self._rss.items():
+        for process, samples in self._rss.items():
             warm = [kb for t, kb in samples if t >= samples[0][0] + RSS_WARMUP_S]
             if samples[-1][0] >= samples[0][0] + RSS_WARMUP_S + RSS_SPAN_S:
-                out[pid] = (samples[-1][0] - samples[0][0], warm[0], samples[-1][1])
+                out[process] = (samples[-1][0] - samples[0][0], warm[0], samples[-1][1])
         return out
 
     def victims(self, faults, now):
@@ -183,9 +187,9 @@ class Invariants:
                 continue
             self._victims_judged.add(key)
             self.checks["victims gone"] += 1
-            if running(fault.pid):
+            if running(fault.pid, fault.start):
                 limit = (fault.kind == "STOP"
-                         and self.records.procs.get(fault.pid, {}).get("joining"))
+                         and self.records.procs.get((fault.pid, fault.start), {}).get("joining"))
                 self.violate("victims gone" + (f" [{SPAWNED_STOP_LIMIT}]" if limit else ""),
                              f"pid {fault.pid} still runs {now - fault.t:.0f} s "
                              f"after {fault.kind} ({fault.moment})")
@@ -193,12 +197,12 @@ class Invariants:
     def vanished(self, touched):
         """Members that stopped running though no fault touched them (call before the
         deadline only: then every rank ends)."""
-        for pid in self.records.latest:
-            if pid in touched or pid in self._vanished or running(pid):
+        for pid, last in self.records.latest.items():
+            process = (pid, last["start"])
+            if process in touched or process in self._vanished or running(*process):
                 continue
-            self._vanished.add(pid)
+            self._vanished.add(process)
             self.checks["only faults end ranks"] += 1
-            last = self.records.latest[pid]
             self.violate("only faults end ranks", f"pid {pid} (id {last['id']}) is gone, no fault "
                          f"was sent to it; its last step was {last['step']}")
 
@@ -206,7 +210,7 @@ class Invariants:
         self.violate("no anomaly", line.strip()[:400])
 
     def final_reports(self):
-        for pid, info in self.records.procs.items():
+        for (pid, _), info in self.records.procs.items():
             if "end" in info:
                 self.checks["no anomaly"] += 1
                 for anomaly in info["end"]["anomalies"]:

@@ -4,7 +4,7 @@
 
 Why it looks like this: the driver (``driver.py``) checks the job from outside, so
 the job only *reports*, one JSON line per committed step and per process
-(``DIR/steps/<pid>.jsonl``), and decides nothing about correctness itself.
+(``DIR/steps/<pid>-<start>.jsonl``), and decides nothing about correctness itself.
 
 * **What the model applied, per sample.** Besides a small regression network
   (what a user trains; its loss is the plotted one), the model has one weight
@@ -51,6 +51,12 @@ BASE_LR = 2.0 ** -6
 FEATURES = 8
 
 TRIPPED = threading.Event()
+#: This process's start time (clock ticks since boot, ``/proc/self/stat``): with the pid,
+#: what names its files and records.  A pid alone is not a process: pids are reused
+#: once the 32768 of ``pid_max`` wrap, which a 30-minute soak's TF threads make them do.
+with open("/proc/self/stat") as _stat:
+    START = int(_stat.read().rpartition(")")[2].split()[19])
+ME = f"{os.getpid()}-{START}"
 
 
 def on_sigterm(*_):
@@ -124,7 +130,7 @@ class Reporter(keras.callbacks.Callback):
 
     def __init__(self, out, deadline):
         super().__init__()
-        self.path = os.path.join(out, "steps", f"{os.getpid()}.jsonl")
+        self.path = os.path.join(out, "steps", f"{ME}.jsonl")
         self.deadline = deadline
         self.epoch = 0
         self.before = None  # the counter after the previous committed step (on this rank)
@@ -157,8 +163,8 @@ class Reporter(keras.callbacks.Callback):
         ratios = moved[applied] / unit if unit else moved[applied]
         odd = {int(i): round(float(r), 4) for i, r in zip(applied, ratios) if abs(r - 1) > 1e-3}
         self._write({"step": runtime.session().step, "epoch": self.epoch, "batch": batch,
-                     "t": time.time(), "pid": os.getpid(), "id": comm.original_id,
-                     "rank": comm.rank, "size": comm.size,
+                     "t": time.time(), "pid": os.getpid(), "start": START,
+                     "id": comm.original_id, "rank": comm.rank, "size": comm.size,
                      "lr": float(self.model.optimizer.learning_rate), **self.begin,
                      "digest": StepDigests.digest(self.model), "applied": applied.tolist(),
                      "unit": unit, "odd": odd, "mse": float((logs or {}).get("mse", np.nan))})
@@ -186,7 +192,7 @@ def main():
     hvd.init()
     comm = runtime.current()
     procs = os.path.join(args.out, "procs")
-    with open(os.path.join(procs, f"{os.getpid()}.json"), "w") as f:
+    with open(os.path.join(procs, f"{ME}.json"), "w") as f:
         json.dump({"pid": os.getpid(), "joining": bool(comm.joining), "t": time.time(),
                    "id": comm.original_id}, f)
     rng = np.random.default_rng(0)  # the same samples on every rank
@@ -196,12 +202,12 @@ def main():
     data = hvd.ElasticData((inputs, y), batch_size=args.batch, seed=1)
     tf.keras.utils.set_random_seed(1)
     model = build(args.samples, args.batch, comm.size)
-    open(os.path.join(procs, f"{os.getpid()}.ready"), "w").close()  # a joiner: joining next
+    open(os.path.join(procs, f"{ME}.ready"), "w").close()  # a joiner: joining next
     hvd.fit(model, data, epochs=10 ** 6, verbose=0, checkpoint_dir=os.path.join(args.out, "ckpt"),
             events=os.path.join(args.out, "events.jsonl"),
             callbacks=[Reporter(args.out, args.deadline)])
     anomalies = [str(a) for a in getattr(runtime.current(), "anomalies", [])]
-    with open(os.path.join(procs, f"{os.getpid()}.end"), "w") as f:
+    with open(os.path.join(procs, f"{ME}.end"), "w") as f:
         json.dump({"id": runtime.current().original_id, "anomalies": anomalies,
                    "step": runtime.session().step}, f)
 

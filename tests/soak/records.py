@@ -41,8 +41,9 @@ class JobRecords:
         self.commit_time = {}  # step number -> earliest time a rank reported it
         self.epoch_ends = {}  # epoch -> earliest time a rank reported its end
         self.last_epoch_end = None  # latest time any rank reported an epoch's end
-        self.latest = {}  # pid -> its newest step record: the members of the job
-        self.procs = {}  # pid -> what the process wrote when it started (+ "ready", "end")
+        # A process is (pid, start): pids are reused (see job.py's START).
+        self.latest = {}  # pid -> the newest step record of the newest process with it
+        self.procs = {}  # (pid, start) -> what it wrote when it started (+ "ready", "end")
         self.events = []  # the job's event log (membership changes)
 
     def _tail(self, path):
@@ -63,10 +64,12 @@ class JobRecords:
                 self.steps.setdefault(record["step"], []).append(record)
                 step_t = self.commit_time.get(record["step"], record["t"])
                 self.commit_time[record["step"]] = min(step_t, record["t"])
-                self.latest[record["pid"]] = record
+                known = self.latest.get(record["pid"])
+                if known is None or known["start"] <= record["start"]:
+                    self.latest[record["pid"]] = record
         for path in (self.out / "procs").iterdir():
-            pid, kind = int(path.stem), path.suffix
-            info = self.procs.setdefault(pid, {})
+            process, kind = tuple(map(int, path.stem.split("-"))), path.suffix
+            info = self.procs.setdefault(process, {})
             if kind == ".json" and "t" not in info:
                 try:
                     info.update(json.loads(path.read_text()))
@@ -101,5 +104,6 @@ class JobRecords:
     def joiners_waiting(self):
         """PIDs of spawned processes that are about to join (built their model) and
         have not committed a step yet."""
-        return [pid for pid, info in self.procs.items()
-                if info.get("joining") and "ready" in info and pid not in self.latest]
+        return [pid for (pid, start), info in self.procs.items()
+                if info.get("joining") and "ready" in info
+                and self.latest.get(pid, {}).get("start") != start]
