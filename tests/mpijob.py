@@ -104,6 +104,18 @@ def spawned_processes(marker):
     return pids
 
 
+@contextlib.contextmanager
+def killed_at_the_end(pids):
+    """Yields ``pids`` (a list the test fills, e.g. with processes it stopped) and SIGKILLs
+    each of them at the end, whatever happened: no stopped process outlives its test."""
+    try:
+        yield pids
+    finally:
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+
+
 def kill_tree(proc, marker=None):
     """SIGKILL ``proc``'s session and every descendant (also stopped ones), and every
     process of the job marked ``marker``: a simulated host's daemon detaches itself."""

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from mpijob import job_processes, job_ranks, run_job, spawned_processes
+from mpijob import job_processes, job_ranks, killed_at_the_end, run_job, spawned_processes
 
 pytestmark = pytest.mark.multirank
 
@@ -107,10 +107,10 @@ def test_a_stopped_joiner_is_killed_by_a_rank_on_its_host(tmp_path):
         [joiner] = spawned_processes(marker)
         assert (out / f"joined-{joiner}").exists()
         time.sleep(random.uniform(0, 0.5))
-        os.kill(joiner, signal.SIGSTOP)
         stopped.append(joiner)
+        os.kill(joiner, signal.SIGSTOP)
 
-    try:
+    with killed_at_the_end(stopped):
         job = run_job("growth_scenarios.py", 400, np=4, faults="rank=2,step=10",
                       launcher=["--respawn", "--heartbeat-period", "0.5",
                                 "--heartbeat-timeout", "2"],
@@ -125,12 +125,6 @@ def test_a_stopped_joiner_is_killed_by_a_rank_on_its_host(tmp_path):
             [([2], []), ([], [4]), ([4], []), ([], [5])]
         assert ids == [0, 1, 3, 5]
         assert 2.5 < events[2]["detect_s"] < 30, events[2]  # not before 1.5 x 2 s
-    finally:
-        for pid in stopped:  # whatever happened, no stopped process outlives the test
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
 
 
 def test_joiner_killed_after_joining_and_two_lost_at_once(tmp_path):

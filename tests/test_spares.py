@@ -15,7 +15,8 @@ import time
 
 import pytest
 
-from mpijob import assert_same_weights_every_step, job_ranks, run_job, spawned_processes
+from mpijob import (assert_same_weights_every_step, job_ranks, killed_at_the_end, run_job,
+                    spawned_processes)
 from test_growth import STEPS, grow, grown
 
 pytestmark = pytest.mark.multirank
@@ -165,8 +166,7 @@ def test_a_spawned_spare_stopped_while_waiting_is_dropped_and_ended(tmp_path):
     # the stopped process lingered to the end.  Now the adoption is given up after
     # ELASTIC_HVD_ADOPT_TIMEOUT (5 s), the adoption's root kills the spare, and a
     # spawned replacement refills the job: 4 ranks, totals exact.
-    stopped = []
-    try:
+    with killed_at_the_end([]) as stopped:
         job = signal_the_spawned_spare_then_kill_rank_2(tmp_path, signal.SIGSTOP, stopped)
         results, ids = grown(job)
         assert stopped, job.output[-4000:]
@@ -174,12 +174,6 @@ def test_a_spawned_spare_stopped_while_waiting_is_dropped_and_ended(tmp_path):
         assert f"killed it (pid {stopped[0]})" in job.output
         assert shared_history(results, ids) == [([1], []), ([], [4]), ([2], []), ([], [5])]
         assert ids == [0, 3, 4, 5]
-    finally:
-        for pid in stopped:  # whatever happened, no stopped process outlives the test
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
 
 
 def test_a_spawned_spare_that_ends_cleanly_while_the_ranks_train_is_not_counted(tmp_path):
