@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from . import config, faults, mpi_env, workarounds
+from .procfs import stat_fields
 
 if TYPE_CHECKING:
     from .comm import ResilientComm
@@ -297,14 +298,8 @@ class MergeCall:
 def _thread_cpu_s(thread_id: int | None) -> float | None:
     """CPU seconds (user + system) used so far by thread ``thread_id`` of this process,
     or None if it has ended (or not started)."""
-    if thread_id is None:
-        return None
-    try:
-        with open(f"/proc/self/task/{thread_id}/stat") as f:
-            fields = f.read().rpartition(")")[2].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return None
+    fields = None if thread_id is None else stat_fields(f"/proc/self/task/{thread_id}/stat")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK") if fields else None
 
 
 class SpawnCall(MergeCall):

@@ -25,6 +25,7 @@ import threading
 import time
 
 from . import config, process, workarounds
+from .procfs import stat_fields
 
 #: Heartbeat timeouts a member must stay stopped before it is killed: past the
 #: detector's own eviction of a world rank, so that this only acts where it does not.
@@ -37,12 +38,8 @@ STOPPED, NOT_LOOKING = "T", "TtZX"
 def state_of(pid: int) -> tuple[str, int] | None:
     """(state letter, start time in clock ticks) of process ``pid``, None if it is gone.
     The start time tells a process from a later one that got the same pid."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rpartition(")")[2].split()
-        return fields[0], int(fields[19])
-    except (OSError, ValueError, IndexError):
-        return None
+    fields = stat_fields(f"/proc/{pid}/stat")
+    return (fields[0], int(fields[19])) if fields else None
 
 
 class StoppedPeers:

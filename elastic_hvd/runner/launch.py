@@ -30,6 +30,7 @@ from typing import Any
 from .. import state_replica
 from ..core import config, workarounds
 from ..core.freshness import ANOMALY_EXIT_STATUS
+from ..core.procfs import stat_fields
 from . import relaunch, reports
 from .console import NoiseFilter, tf_logs_wanted
 
@@ -294,11 +295,8 @@ def end_strays(status_dir: str) -> list[str]:
 
 def process_state(pid: int) -> str:
     """The state letter of process ``pid`` of this host (``ps``'s STAT), '' if gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rpartition(")")[2].split()[0]
-    except (OSError, IndexError):
-        return ""
+    fields = stat_fields(f"/proc/{pid}/stat")
+    return fields[0] if fields else ""
 
 
 def strict_abort(outcomes: Iterable[Mapping[str, Any]]) -> bool:

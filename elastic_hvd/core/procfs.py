@@ -1,0 +1,14 @@
+"""Reading ``/proc/.../stat``, in one place: a process's state letter, start time and
+CPU time are what the stopped-member watch, the spinning check and the launcher's
+look at a frozen job go by."""
+
+
+def stat_fields(path: str) -> list[str] | None:
+    """The fields of a ``/proc`` stat file after the command's name (``fields[0]`` is
+    field 3 of proc(5), the state), None if the process or thread is gone.  Split
+    after the last ``)``: the name may hold spaces and parentheses."""
+    try:
+        with open(path) as f:
+            return f.read().rpartition(")")[2].split()
+    except OSError:
+        return None
