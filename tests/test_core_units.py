@@ -64,6 +64,22 @@ def test_fault_plan_fires_only_on_its_rank_and_moment():
     plan.at_collective()  # fires once only
 
 
+def test_a_fault_fires_in_its_launch_of_the_job_only():
+    # A relaunch (elastic-hvd-run) runs the same plan: by default the first launch's
+    # faults must not fire again at the same moments.
+    spec = "rank=0,step=3,signal=RAISE;rank=0,step=4,signal=RAISE,launch=1;joiner=1,launch=1"
+    first = faults.FaultPlan(faults.parse(spec), 0)
+    again = faults.FaultPlan(faults.parse(spec), 0, launch=1)
+    first.at_step(4)
+    assert first.joiner_signal(1) is None
+    with pytest.raises(faults.FaultInjected):
+        first.at_step(3)
+    again.at_step(3)
+    assert again.joiner_signal(1) == "KILL"
+    with pytest.raises(faults.FaultInjected):
+        again.at_step(4)
+
+
 def test_a_connect_fault_counts_attempts_not_successful_spawns():
     # phase=connect fires as the N-th connect starts, counted whether or not earlier
     # ones got further (a spawn that failed never reaches at_spawn's count).

@@ -568,6 +568,21 @@ def test_a_relaunch_goes_where_the_discovery_points_else_to_the_hosts_named(tmp_
     assert (again.hosts, again.np) == ("hostA:2,hostB:2", 4)
 
 
+def test_a_job_is_relaunched_as_broken_only_when_no_rank_ended_by_itself_and_one_said_so():
+    broken = {"code": None, "members": [0, 1, 2], "broken": "a process died inside its merge"}
+    lost = {"code": None, "members": [0, 1, 2]}
+    spare = {"code": 0, "members": []}  # a spare that never joined and exited
+    why = relaunch.broken_why([broken, dict(broken), lost, spare])
+    assert why is not None and why.startswith(
+        "Open MPI left every rank unable to make a communicator (2 of the 4 processes ended so")
+    assert why.endswith(": a process died inside its merge")
+    assert relaunch.broken_why([lost, lost]) is None  # all lost, none broken: no relaunch
+    for ended in ({"code": 0, "members": [0]}, {"code": 1, "members": [0], "left": True}):
+        assert relaunch.broken_why([broken, ended]) is None  # the script's own end
+    args = types.SimpleNamespace(hosts=None, hostfile=None, np=4)
+    assert relaunch.arguments(args, relaunch.Cause()) == (args, None)  # as it was
+
+
 def test_fit_elastic_bounds_keras_3_epochs_yet_each_ends_with_its_data(cluster):
     """keras_callbacks.fit_elastic passes Keras 3 a ``steps_per_epoch`` (and
     ``validation_steps``) no epoch reaches (one ``fit`` per epoch of unknown length without it

@@ -88,7 +88,7 @@ SETTINGS = (
             "spawned ranks may oversubscribe the host (set by elastic-hvd-run)"),
     Setting("replica_budget", "ELASTIC_HVD_REPLICA_BUDGET", float, 0.05, 0.0,
             "share of training time rank 0 may spend copying the state to elastic-hvd-run "
-            "(for a relaunch after a node loss; 0: no copies)"),
+            "(for a relaunch of the job; 0: no copies)"),
     Setting("unpickle_checkpoints", "ELASTIC_HVD_UNPICKLE_CHECKPOINTS", bool, False, None,
             "restore() may read a checkpoint whose state is a pickle (written before checkpoints "
             "were data only): unpickling runs any code the file holds, so set it only for "
@@ -124,7 +124,7 @@ SETTINGS = (
             "the secret that proves a connection to that copy comes from the job",
             internal=True),
     Setting("launch", "ELASTIC_HVD_LAUNCH", int, 0, 0,
-            "how many times elastic-hvd-run relaunched the job after a node loss",
+            "how many times elastic-hvd-run relaunched the job (see runner/relaunch.py)",
             internal=True),
 )
 _BY_NAME = {s.name: s for s in SETTINGS}

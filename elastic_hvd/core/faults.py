@@ -35,6 +35,10 @@ list of ``key=value``::
     ``connect`` fires as the N-th attempt to connect starts (spawn or a hot spare's
     adoption, counted whether or not it succeeds), so that with ``delay`` the death
     lands inside ``MPI_Comm_spawn`` / ``MPI_Comm_accept``.
+``launch``
+    the launch of the job in which the fault fires: 0 (default) the first, n the n-th
+    relaunch by ``elastic-hvd-run`` (``runner/relaunch.py``).  A plan is the same
+    in every launch; without this it would fire again at the same moments.
 ``joiner``
     instead of ``rank`` and a moment: the process started by the job's N-th spawn
     fails before ``MPI_Init`` -- with ``signal`` (default ``KILL``), or ``HANG``
@@ -69,6 +73,7 @@ class Fault:
     signal: str = "KILL"
     delay: float = 0.0
     phase: str = "before"
+    launch: int = 0
 
     def fire(self) -> None:
         if self.signal == "RAISE":  # an exception must come from the caller's thread
@@ -111,16 +116,18 @@ def parse(spec: str | None) -> list[Fault]:
                 raise ValueError(f"{ENV}: expected key=value, got {item!r} in {entry!r}")
             fields[key.strip()] = value.strip()
         unknown = set(fields) - {"rank", "joiner", "coll", "step", "spawn", "handover", "repair",
-                                 "signal", "delay", "phase"}
+                                 "signal", "delay", "phase", "launch"}
         if unknown:
             raise ValueError(f"{ENV}: unknown key(s) {sorted(unknown)} in {entry!r}")
         sig = fields.get("signal", "KILL").upper().removeprefix("SIG")
         if "joiner" in fields:
-            if set(fields) - {"joiner", "signal"}:
-                raise ValueError(f"{ENV}: a joiner= fault takes only signal= in {entry!r}")
+            if set(fields) - {"joiner", "signal", "launch"}:
+                raise ValueError(f"{ENV}: a joiner= fault takes only signal= and launch= in "
+                                 f"{entry!r}")
             if sig not in ("HANG", "EXIT") and not hasattr(_signal, "SIG" + sig):
                 raise ValueError(f"{ENV}: unknown signal {sig!r} in {entry!r}")
-            faults.append(Fault(joiner=int(fields["joiner"]), signal=sig))
+            faults.append(Fault(joiner=int(fields["joiner"]), signal=sig,
+                                launch=int(fields.get("launch", 0))))
             continue
         if "rank" not in fields:
             raise ValueError(f"{ENV}: give rank= (or joiner=) in {entry!r}")
@@ -141,14 +148,16 @@ def parse(spec: str | None) -> list[Fault]:
             handover=int(fields["handover"]) if "handover" in fields else None,
             repair=int(fields["repair"]) if "repair" in fields else None,
             signal=sig, delay=float(fields.get("delay", 0.0)),
-            phase=fields.get("phase", "before")))
+            phase=fields.get("phase", "before"), launch=int(fields.get("launch", 0))))
     return faults
 
 
 class FaultPlan:
     """The faults that concern this process, fired when their moment comes."""
 
-    def __init__(self, faults: Iterable[Fault], original_id: int | None) -> None:
+    def __init__(self, faults: Iterable[Fault], original_id: int | None,
+                 launch: int = 0) -> None:
+        faults = [f for f in faults if f.launch == launch]
         mine = [f for f in faults if f.rank == original_id]
         self._by_coll = {f.coll: f for f in mine if f.coll is not None and f.phase == "before"}
         self._after_coll = {f.coll: f for f in mine if f.coll is not None and f.phase == "after"}
@@ -220,7 +229,9 @@ class FaultPlan:
 
 def configure(original_id: int | None, spec: str | None = None) -> FaultPlan:
     """Load this process's plan (from ``spec`` or the environment); called by init()."""
-    plan = FaultPlan(parse(config.current().faults if spec is None else spec), original_id)
+    settings = config.current()
+    plan = FaultPlan(parse(settings.faults if spec is None else spec), original_id,
+                     settings.launch)
     process.runtime().faults = plan
     return plan
 

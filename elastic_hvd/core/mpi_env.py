@@ -110,6 +110,21 @@ def end_as_crash(why: str) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+def end_broken(why: str) -> None:
+    """End this process as a crash because Open MPI left it unable to make any new
+    communicator (a death inside a merge or a connect: docs/openmpi-quirks.md), having
+    said so to ``elastic-hvd-run``'s wrapper first (``runtime.when_broken``): a job
+    *every* rank of which ends so has nothing left to repair, and the launcher starts
+    it again from the state it keeps (``runner/relaunch.py``)."""
+    hook = process.runtime().on_broken
+    if hook is not None:
+        try:
+            hook(why)
+        except OSError:
+            pass  # the status directory is gone: the crash is all there is to say
+    end_as_crash(why)
+
+
 def retire(comm: Any) -> None:
     """Be done with an mpi4py communicator but never ``MPI_Comm_free`` it.
 

@@ -57,6 +57,9 @@ class Runtime:
     #: barrier of all ranks (see runtime.when_leaving).
     on_leaving: Callable[[bool], None] | None = None
     on_strict_abort: Callable[[int], None] | None = None
+    #: Called with the reason just before this process ends because Open MPI can make
+    #: no communicator here any more (see mpi_env.end_broken, runtime.when_broken).
+    on_broken: Callable[[str], None] | None = None
     say_when_raising: bool = True
     #: Set when the ranks leave together: hosts where no rank is left, and this rank then.
     emptied_hosts: Sequence[str] = ()

@@ -286,6 +286,13 @@ def when_strict_abort(hook: Callable[[int], None]) -> None:
     process.runtime().on_strict_abort = hook
 
 
+def when_broken(hook: Callable[[str], None]) -> None:
+    """Call ``hook(why)`` just before this process ends because Open MPI can make no new
+    communicator here (``mpi_env.end_broken``): ``elastic-hvd-run``'s wrapper records it,
+    and the launcher relaunches a job that every rank left so."""
+    process.runtime().on_broken = hook
+
+
 def when_leaving(hook: Callable[[bool], None]) -> None:
     """Call ``hook(early)`` when this process leaves the job: ``early`` True just
     before it exits while other ranks go on training (see ``ResilientComm.leave``),

@@ -226,19 +226,19 @@ class MergeCall:
         stuck = not self._done.wait(BROKEN_GRACE)
         if self._merge_started and (stuck or not self._merge_ended):
             workarounds.used("merge_death_crash")
-            mpi_env.end_as_crash("a process died inside its merge with a new process (or the "
-                                 "merge was given up), after which Open MPI makes no new "
-                                 "communicator here")
+            mpi_env.end_broken("a process died inside its merge with a new process (or the "
+                               "merge was given up), after which Open MPI makes no new "
+                               "communicator here")
         if stuck and (spun := self._cpu_share()) >= SPIN_SHARE:
             workarounds.used("merge_death_crash", "spinning")
-            mpi_env.end_as_crash(f"a call given up here (connecting new processes) never ended "
-                                 f"and keeps {spun:.0%} of a core busy inside Open MPI, its "
-                                 "endless retry after a death, after which Open MPI makes no "
-                                 "new communicator here")
+            mpi_env.end_broken(f"a call given up here (connecting new processes) never ended "
+                               f"and keeps {spun:.0%} of a core busy inside Open MPI, its "
+                               "endless retry after a death, after which Open MPI makes no "
+                               "new communicator here")
         if self._stuck_connect_breaks and stuck and not self._can_make_communicators():
             workarounds.used("merge_death_crash", "inside MPI_Comm_connect")
-            mpi_env.end_as_crash("the process it connected to died inside MPI_Comm_connect, "
-                                 "after which Open MPI makes no new communicator here")
+            mpi_env.end_broken("the process it connected to died inside MPI_Comm_connect, "
+                               "after which Open MPI makes no new communicator here")
 
     def _cpu_share(self) -> float:
         """The share of a core that this call's thread used over :data:`SPIN_SAMPLE` s

@@ -98,7 +98,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-relaunches", type=int, default=3,
                    help="when the MPI runtime ends the job for a lost node, start it again "
                         "without that host (on what the host discovery offers, else -H / "
-                        "--hostfile), at most this many times; "
+                        "--hostfile), and when Open MPI left every rank unable to go on "
+                        "(a death inside a merge with new processes), start it again as it "
+                        "was; at most this many times in all; "
                         "the script resumes from the newest state (default 3; 0: never)")
     p.add_argument("--mpi-args", default="", help="extra arguments for mpirun (one string)")
     p.add_argument("--as-horovod", action="store_true",
@@ -452,9 +454,9 @@ def exit_status(code: int, outcomes: Sequence[Mapping[str, Any]]) -> tuple[int, 
 
 
 def launch(args: argparse.Namespace, cmd: Sequence[str],
-           settings: Any) -> tuple[int, str | None, str | None]:
-    """Run the job once: ``(exit status, the line saying why or None, the host whose
-    daemon the runtime lost or None)``."""
+           settings: Any) -> tuple[int, str | None, relaunch.Cause | None]:
+    """Run the job once: ``(exit status, the line saying why or None, why a relaunch
+    would resume it or None)``."""
     # mpirun's session directory: a process of the job that outlives mpirun (one the
     # launcher ended it for, see end_when_members_done) may still write there while it
     # is removed; that must not turn the job's exit status into a traceback, and a
@@ -486,7 +488,12 @@ def launch(args: argparse.Namespace, cmd: Sequence[str],
     if lost is not None and not members_done(outcomes):
         return relaunch.EXIT_NODE_LOST, (
             f"exit status {relaunch.EXIT_NODE_LOST}: node loss: the MPI runtime lost the daemon "
-            f"of host {lost} and ended the whole job (mpirun exit status {code})"), lost
+            f"of host {lost} and ended the whole job (mpirun exit status {code})"
+        ), relaunch.Cause(lost)
+    broken = relaunch.broken_why(outcomes)
+    if broken is not None:
+        return relaunch.EXIT_BROKEN, (f"exit status {relaunch.EXIT_BROKEN}: {broken} "
+                                      f"(mpirun exit status {code})"), relaunch.Cause()
     return (*exit_status(code, outcomes), None)  # (a teardown after the end is no loss)
 
 
@@ -508,18 +515,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     while True:
         cmd[1:1] = ["-x", state_replica.ADDRESS_ENV, "-x", state_replica.SECRET_ENV,
                     "-x", f"{state_replica.LAUNCH_ENV}={relaunches}"]
-        status, why, lost = launch(args, cmd, settings)
-        if lost is None or relaunches >= args.max_relaunches:
+        status, why, cause = launch(args, cmd, settings)
+        if cause is None or relaunches >= args.max_relaunches:
             break
-        again, why_not = relaunch.without_host(args, lost)
+        again, why_not = relaunch.arguments(args, cause)
         if again is None:
-            why += f"; not relaunched: {why_not}"  # type: ignore[operator]  # lost: launch() said why
+            why += f"; not relaunched: {why_not}"  # type: ignore[operator]  # launch() said why
             break
         relaunches += 1
         kept = (f"the state of step {keeper.position[0]} kept in memory, or a newer checkpoint"
                 if keeper.position else "the script's checkpoint, if it has one")
-        print(f"elastic-hvd-run: {why}; relaunching on {again.hosts} ({again.np} ranks; relaunch "
-              f"{relaunches} of {args.max_relaunches}) from {kept}", file=sys.stderr, flush=True)
+        where = f"on {again.hosts} " if again.hosts else ""
+        size = f"{again.np} ranks; " if again.np else ""
+        print(f"elastic-hvd-run: {why}; relaunching {where}({size}relaunch {relaunches} of "
+              f"{args.max_relaunches}) from {kept}", file=sys.stderr, flush=True)
         args, cmd = again, build_command(again)
     keeper.close()
     if why:

@@ -13,7 +13,9 @@ so it completed nothing by itself, or ``"final": true`` once it has passed the
 job's final barrier, which every rank left meets: only then are its members the
 job's last ones (the launcher's end-of-job check reads these); ``"aborted": true``
 when strict mode ends the job on an anomaly (the launcher then ends mpirun: an
-``MPI_Abort`` in a spawned process ends only the spawned job).  A process
+``MPI_Abort`` in a spawned process ends only the spawned job); ``"broken"``: why,
+with ``"code": null``, when it ends as a crash because Open MPI can make no new
+communicator there (the launcher relaunches a job that every rank left so).  A process
 killed, crashed, or ended by an uncaught exception (which the runtime turns into
 a crash when other ranks go on, see ``runtime._at_exit``) keeps ``"code": null``:
 it was lost; so does a spawned process that the job gave up before adopting it
@@ -65,7 +67,7 @@ def exit_code(code: str | int | None) -> int:
 
 
 def _record(path: str, code: int | None, left: bool = False, final: bool = False,
-            aborted: bool = False, **raised: Any) -> None:
+            aborted: bool = False, broken: str | None = None, **raised: Any) -> None:
     runtime = sys.modules.get("elastic_hvd.core.runtime")  # imported if the program used it
     comm = runtime.current() if runtime and runtime.is_initialized() else None
     try:
@@ -75,7 +77,7 @@ def _record(path: str, code: int | None, left: bool = False, final: bool = False
     with open(path + ".tmp", "w") as f:
         json.dump({"id": comm and comm.original_id, "rank": rank, "code": code,
                    "members": comm and list(comm.ids), "left": left, "final": final,
-                   "aborted": aborted,
+                   "aborted": aborted, "broken": broken,
                    # Who it is before init() (a crash may come first): mpirun's rank, and
                    # whether the job spawned it (a rank of its own small world then).
                    "world": os.environ.get("OMPI_COMM_WORLD_RANK"),
@@ -132,6 +134,7 @@ def main() -> None:
         _record(path, None)
         from elastic_hvd.core import runtime  # no MPI yet: that starts with init()
         runtime.when_strict_abort(lambda status: _record(path, status, aborted=True))
+        runtime.when_broken(lambda why: _record(path, None, broken=why))
         runtime.leave_raising_to_launcher()
         sys.excepthook = _recording(path, sys.excepthook)
         # Before MPI_Init: Open MPI then keeps its own handler out (measured).

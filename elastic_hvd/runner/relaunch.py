@@ -1,22 +1,43 @@
-"""Node loss: recognising the runtime's teardown, and the hosts to relaunch on.
+"""The failures repaired by starting the job again: recognising them, and where.
 
-Open MPI 5.0.11's runtime (PRRTE 3.0.14) ends the whole job when it loses a
-node's daemon -- unconditionally, before any survivor sees an MPI error -- and
-``mpirun`` then exits 0.  Such a failure cannot be repaired in place: the
-launcher says so in one line and starts the job again without that host; the
-script resumes from the newest state (:mod:`elastic_hvd.state_replica`, or its
-checkpoint).
+**Node loss.** Open MPI 5.0.11's runtime (PRRTE 3.0.14) ends the whole job when it
+loses a node's daemon -- unconditionally, before any survivor sees an MPI error --
+and ``mpirun`` then exits 0.  Such a failure cannot be repaired in place: the
+launcher says so in one line and starts the job again without that host.
+
+**A job Open MPI broke on every rank.** A process that dies inside a merge or a
+connect with new processes leaves Open MPI unable to make any new communicator on
+the ranks that took part (its endless retry, docs/openmpi-quirks.md); each of them
+then leaves as a crash (``mpi_env.end_broken``) and the others repair -- unless
+there are no others.  When every rank left so, nothing is left to repair in place:
+the launcher starts the job again, on the same hosts and at the same size.
+
+Either way the script resumes from the newest state (:mod:`elastic_hvd.state_replica`,
+or its checkpoint).
 """
 
 import argparse
 import copy
+import dataclasses
 import re
 import subprocess
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from ..growth_policy import discover_hosts, parse_hosts, read_hostfile
 
 #: Exit status of a job the runtime ended for a lost node, when it is not relaunched.
 EXIT_NODE_LOST = 4
+#: Exit status of a job that Open MPI broke on every rank, when it is not relaunched.
+EXIT_BROKEN = 5
+
+
+@dataclasses.dataclass(frozen=True)
+class Cause:
+    """Why a job ended that a relaunch resumes: its runtime lost the daemon of
+    ``lost_host``, or (None) Open MPI broke every rank."""
+
+    lost_host: str | None = None
 
 _TEARDOWN = re.compile(rb"PRTE has lost communication with a remote daemon\..*?"
                        rb"Remote daemon: *\[[^\]]*\] on node (\S+)", re.S)
@@ -27,6 +48,26 @@ def lost_daemon_host(output: bytes) -> str | None:
     ended the job for that; else None."""
     found = _TEARDOWN.search(output)
     return found.group(1).decode(errors="replace") if found else None
+
+
+def broken_why(outcomes: Sequence[Mapping[str, Any]]) -> str | None:
+    """What broke the job if Open MPI left every rank unable to go on (see the module
+    doc): no rank ended by itself and at least one said it was broken (the status
+    files of ``runner/program.py``); else None."""
+    if any(o["code"] is not None and o.get("members") != [] for o in outcomes):
+        return None  # a rank ended by itself: the script's end, or its own failure
+    broken = [o for o in outcomes if o.get("broken")]
+    if not broken:
+        return None
+    return (f"Open MPI left every rank unable to make a communicator ({len(broken)} of the "
+            f"{len(outcomes)} processes ended so, the others were lost): {broken[0]['broken']}")
+
+
+def arguments(args: argparse.Namespace,
+              cause: Cause) -> tuple[argparse.Namespace, None] | tuple[None, str]:
+    """The launch arguments for a relaunch after ``cause`` and the reason there is
+    none (``(args, None)`` or ``(None, why)``)."""
+    return (args, None) if cause.lost_host is None else without_host(args, cause.lost_host)
 
 
 def hosts_of(args: argparse.Namespace) -> dict[str, int]:

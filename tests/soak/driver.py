@@ -6,7 +6,9 @@ Why: the test suite kills ranks at a few chosen points; a long job meeting fault
 of every kind at random moments (``chaos.py``) finds what no chosen point does.
 The driver starts ``job.py`` on 4 ranks under ``elastic-hvd-run --spares 2 --respawn``
 (strict mode, fast heartbeat: a lost rank is replaced by a hot spare while one is
-left, then by a spawned process), injects a fault every ``--interval`` seconds on
+left, then by a spawned process; ``--max-relaunches 0``: the soak judges recovery in
+place, so a job that Open MPI broke on every rank ends it, with exit status 5,
+instead of starting again), injects a fault every ``--interval`` seconds on
 average, checks the invariants (``invariants.py``) while the job runs, and
 watches for a hang: no step committed for ``HANG_S`` seconds, or the job still
 running ``END_GRACE_S`` after its deadline.  At the end the job's whole session
@@ -96,7 +98,7 @@ class Soak:
 
     def launch(self):
         cmd = [sys.executable, "-m", "elastic_hvd.runner.launch", "-np", str(NP), "--respawn",
-               "--spares", str(self.spares),
+               "--spares", str(self.spares), "--max-relaunches", "0",
                "--heartbeat-period", "0.5", "--heartbeat-timeout", "2",
                "-x", "ELASTIC_HVD_STRICT=1", "-x", "TF_CPP_MIN_LOG_LEVEL=3",
                "python", str(HERE / "job.py"), "--out", str(self.records.out),
