@@ -14,7 +14,7 @@ import pytest
 
 from elastic_hvd.core import faults
 from elastic_hvd.core.collectives import even_splits
-from elastic_hvd.core import config, process
+from elastic_hvd.core import config, growth, process
 from elastic_hvd.core.stopped_peers import StoppedPeers, state_of
 from elastic_hvd.core.signature import SignaturePredictor
 from elastic_hvd.runner import launch
@@ -397,11 +397,16 @@ class _Members:
     """What the watch of stopped members reads of a communicator: the members' original
     ids in rank order, and each one's (host, pid)."""
 
-    def __init__(self, procs):
-        self.ids, self._procs = tuple(procs), procs
+    joining = False
+
+    def __init__(self, procs, joiners=()):
+        self.ids, self._procs, self._joiners = tuple(procs), procs, tuple(joiners)
 
     def process_of(self, original_id):
         return self._procs[original_id]
+
+    def pending_processes(self):
+        return self._joiners
 
 
 def _stopped(*procs):
@@ -415,22 +420,25 @@ def _stopped(*procs):
 def test_a_member_stopped_on_this_host_is_killed_past_the_patience_by_the_lowest_running():
     # Real processes, really stopped; the communicator is only what the watch reads.
     here = socket.gethostname()
-    a, b, c, d = (subprocess.Popen(["sleep", "60"]) for _ in range(4))
+    assert growth._read_hello(growth._hello()) == (here, os.getpid())  # how a joiner says it
+    a, b, c, d, e = (subprocess.Popen(["sleep", "60"]) for _ in range(5))
     settings = config.from_environ({"ELASTIC_HVD_HEARTBEAT_PERIOD": "0.5",
                                     "ELASTIC_HVD_HEARTBEAT_TIMEOUT": "2"})
     try:
-        _stopped(a, b, c)
+        _stopped(a, b, c, e)
         # Rank 0 stopped; this process, rank 1, is the lowest one running: it looks.
         # Rank 3 is stopped too, but on another host (nobody there to look: left alone).
+        # A process spawned to join (not a member yet, its pid told by its hello) counts.
         members = _Members({7: (here, a.pid), 3: (here, os.getpid()), 9: (here, c.pid),
-                            4: ("elsewhere", b.pid), 5: (here, d.pid)})
+                            4: ("elsewhere", b.pid), 5: (here, d.pid)},
+                           joiners=[(here, e.pid), ("elsewhere", b.pid)])
         old = process.use(process.Runtime(settings=settings, comm=members))
         try:
             watch = StoppedPeers()
             assert watch.look(100.0) == []  # first seen stopped
             assert watch.look(102.9) == []  # not yet 1.5 x the 2 s heartbeat timeout
-            assert watch.look(103.0) == [a.pid, c.pid]
-            assert a.wait(10) == c.wait(10) == -signal.SIGKILL
+            assert watch.look(103.0) == [a.pid, c.pid, e.pid]
+            assert a.wait(10) == c.wait(10) == e.wait(10) == -signal.SIGKILL
             assert state_of(b.pid)[0] == "T" and d.poll() is None
             # A running process of this host ranks lower (d, rank 0): it looks, not us.
             _stopped(d)
@@ -443,6 +451,6 @@ def test_a_member_stopped_on_this_host_is_killed_past_the_patience_by_the_lowest
         finally:
             process.use(old)
     finally:
-        for proc in (a, b, c, d):
+        for proc in (a, b, c, d, e):
             proc.kill()
             proc.wait()

@@ -127,6 +127,41 @@ def test_a_stopped_joiner_is_killed_by_a_rank_on_its_host(tmp_path):
         assert 2.5 < events[2]["detect_s"] < 30, events[2]  # not before 1.5 x 2 s
 
 
+def test_a_joiner_stopped_before_it_joins_is_killed_and_another_one_joins(tmp_path):
+    # Rank 2 dies at step 10 and a respawned process starts up (4 s, as one importing
+    # TensorFlow); a watcher outside the job SIGSTOPs it at a random moment of that
+    # start-up, after its merge.  It could never say it is ready: the join stayed
+    # pending for good and the job ended at 3 ranks.  Now its hello told the ranks its
+    # pid, the lowest rank of its host kills it after 1.5 heartbeat timeouts, the join
+    # breaks, and a second respawned process takes the place: 4 ranks, totals exact.
+    stopped = []
+
+    def watch(out, marker):
+        deadline = time.monotonic() + 60
+        joiners = []
+        while not joiners and time.monotonic() < deadline:
+            joiners = [p for p in spawned_processes(marker) if (out / f"started-{p}").exists()]
+            time.sleep(0.05)
+        time.sleep(random.uniform(0, 2))
+        stopped.append(joiners[0])
+        os.kill(joiners[0], signal.SIGSTOP)
+
+    with killed_at_the_end(stopped):
+        job = run_job("growth_scenarios.py", 800, "--joiner-delay", 4, np=4,
+                      faults="rank=2,step=10",
+                      launcher=["--respawn", "--heartbeat-period", "0.5",
+                                "--heartbeat-timeout", "2"],
+                      tmp_path=tmp_path, timeout=180, expect_rc=None, watcher=watch)
+        results, ids = grown(job)
+        assert stopped, job.output[-4000:]
+        killed = [line for line in job.output.splitlines() if line.startswith(
+            f"elastic_hvd: process {stopped[0]}, spawned to join the job, has been stopped for")]
+        assert len(killed) == 1 and "killing it" in killed[0], job.output[-4000:]
+        events = check_history(results, ids)
+        assert [(e["lost"], e["gained"]) for e in events] == [([2], []), ([], [4])]
+        assert ids == [0, 1, 3, 4]
+
+
 def test_joiner_killed_after_joining_and_two_lost_at_once(tmp_path):
     # Ranks 1 and 2 die together; replacements join one by one (ids 4, 5);
     # then replacement 4 dies and id 6 replaces it.

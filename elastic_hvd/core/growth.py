@@ -40,6 +40,7 @@ import contextlib
 import ctypes
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -71,11 +72,35 @@ _REASONS = {ENDED: "training ended before it was ready",
             BROKE: "another process joining with it failed"}
 #: Running ranks (the lowest of the merged communicator) that send the verdict.
 _VERDICT_SENDERS = 3
+#: Tag of a joiner's first message to every running rank: its host and pid, right after
+#: its merge, so that a stop before it joins is seen (see :func:`_hello`).
+_HELLO = 4
+#: Bytes of that message: the pid (8, little-endian), then the host name (NUL-padded).
+_HELLO_BYTES = 8 + 256
+
+
+def _hello() -> np.ndarray:
+    """This process's (pid, host) as a joiner's hello.  Why: Open MPI's detector never
+    watches a spawned process, and a member only learns a joiner's pid when it joins; a
+    joiner stopped (SIGSTOP) while it starts up would never be ready, and the job would
+    stay below its size for good.  With the pid known, the members' watch of stopped
+    processes (:mod:`.stopped_peers`) covers it too."""
+    message = np.zeros(_HELLO_BYTES, dtype=np.uint8)
+    message[:8] = np.frombuffer(os.getpid().to_bytes(8, "little"), dtype=np.uint8)
+    host = socket.gethostname().encode()[:_HELLO_BYTES - 8]
+    message[8:8 + len(host)] = np.frombuffer(host, dtype=np.uint8)
+    return message
+
+
+def _read_hello(message: np.ndarray) -> tuple[str, int]:
+    return (bytes(message[8:]).rstrip(b"\0").decode(errors="replace"),
+            int.from_bytes(bytes(message[:8]), "little"))
 
 
 class _Pending:
     """A spawn whose joiners have not been adopted yet (running ranks' side): the
-    merged communicator and, on its rank 0, one receive per joiner's ready message."""
+    merged communicator, on its rank 0 one receive per joiner's ready message, and for
+    spawned processes one receive per joiner's hello (:func:`_hello`) on every rank."""
 
     def __init__(self, merged: Any, count: int, events: int, started: float,
                  slot: int | None = None, spare: int | None = None) -> None:
@@ -87,10 +112,27 @@ class _Pending:
         self._buffers = [np.empty(1, dtype=np.int8) for _ in joiners]
         self._ready = [merged.Irecv(buffer, source=r, tag=_READY)
                        for buffer, r in zip(self._buffers, joiners)]
+        spawned = range(merged.size - count, merged.size) if spare is None else ()
+        self._hellos = [(merged.Irecv(buffer, source=r, tag=_HELLO), buffer)
+                        for r, buffer in ((r, np.zeros(_HELLO_BYTES, np.uint8)) for r in spawned)]
+        #: (host, pid) of each joiner heard from; replaced, never changed in place: the
+        #: watch of stopped processes reads it from its own thread.
+        self.processes: tuple[tuple[str, int], ...] = ()
 
     def test(self, MPI: Any) -> int:
         """1 when every joiner said it is ready (as far as this rank knows), 0 not yet,
-        -1 when the join broke (a joiner died, the communicator was revoked)."""
+        -1 when the join broke (a joiner died, the communicator was revoked); notes the
+        joiners whose hello arrived meanwhile."""
+        heard: list[tuple[str, int] | None] = []
+        for request, buffer in self._hellos:
+            with contextlib.suppress(MPI.Exception):  # a failed one: the ready test says it
+                if request.Test():
+                    heard.append(_read_hello(buffer))
+                    continue
+            heard.append(None)
+        if any(heard):
+            self.processes += tuple(h for h in heard if h is not None)
+            self._hellos = [h for h, got in zip(self._hellos, heard) if got is None]
         try:
             return 1 if MPI.Request.Testall(self._ready) else 0
         except MPI.Exception:
@@ -118,7 +160,16 @@ class _Pending:
             with contextlib.suppress(comm.MPI.Exception):
                 request.Cancel()
                 request.Wait()
+        self.end_hellos(comm.MPI)
         comm.retire(self.merged)
+
+    def end_hellos(self, MPI: Any) -> None:
+        """Cancel the receives of hellos not heard (local): the join is over."""
+        for request, _ in self._hellos:
+            with contextlib.suppress(MPI.Exception):
+                request.Cancel()
+                request.Wait()
+        self._hellos = []
 
 
 class JoinAbandoned(SystemExit):
@@ -162,6 +213,11 @@ class Invitation:
                                                                          merged.rank))]
         self._verdict_requests = [merged.Irecv(buffer, source=sender, tag=_VERDICT)
                                   for sender, buffer in enumerate(self._verdicts)]
+        # Its hello to each running rank (the merged communicator's first ranks; the
+        # processes of this spawn make up this process's world).  Small: sent eagerly.
+        self._hello = _hello()
+        self._hello_requests = [merged.Isend(self._hello, dest=r, tag=_HELLO)
+                                for r in range(merged.size - MPI.COMM_WORLD.size)]
         self._stop = threading.Event()
         #: Set when the running job gave this process up (it then exits through JoinAbandoned).
         self.given_up = False
@@ -220,6 +276,10 @@ class Invitation:
                     request.Cancel()
                     request.Wait()
         self._verdict_requests = []
+        for request in self._hello_requests:  # delivered long ago, or failed by a revoke
+            with contextlib.suppress(self.MPI.Exception):
+                request.Wait()
+        self._hello_requests = []
 
 
 class Growth:
@@ -285,6 +345,12 @@ class Growth:
     def pending(self) -> bool:
         """True while spawned processes wait to be adopted (running ranks)."""
         return self._pending is not None
+
+    def pending_processes(self) -> tuple[tuple[str, int], ...]:
+        """(host, pid) of the spawned processes waiting to be adopted that this rank
+        heard from (any thread: read without MPI)."""
+        pending = self._pending
+        return pending.processes if pending is not None else ()
 
     # -- running ranks ----------------------------------------------------------------
     def spawn(self, count: int, hosts: Sequence[str] = (),
@@ -511,6 +577,7 @@ class Growth:
             self.abandon(CHANGED if len(comm.events) != pending.events else BROKE)
             return None
         self._pending = None
+        pending.end_hellos(MPI)
         self.pool = [(w, host) for w, host in self.pool if w != pending.spare]
         if pending.spare in self.channels:
             comm.retire(self.channels.pop(pending.spare))

@@ -42,6 +42,11 @@ class JoiningMixin:
         """True while spawned processes wait to be adopted (see :meth:`poll_join`)."""
         return self._growth.pending
 
+    def pending_processes(self) -> tuple[tuple[str, int], ...]:
+        """(host, pid) of the spawned processes waiting to be adopted, as far as this
+        rank heard (for the watch of stopped processes; any thread, no MPI)."""
+        return self._growth.pending_processes()
+
     def spawn(self, count: int, hosts: Sequence[str] = (),
               oversubscribe: bool | None = None) -> bool:
         """Start ``count`` processes that will join (collective); True if they are on

@@ -12,6 +12,11 @@ eviction and the repair's fence do to a world rank (the detector, where it watch
 acts first) -- saying so in one line.  The others see a crash within milliseconds
 and repair.
 
+A process spawned to join the job counts too from its merge on, before it is a
+member: it says its pid to every rank then (``growth._hello``); stopped while it starts
+up, it would never be ready, and the job would stay below its size for good.  Killed,
+its join breaks, and the job spawns another.
+
 Not covered: a member with no other member on its host (nobody there to look), one
 frozen without being stopped (nothing tells it from a busy one), and one that a
 debugger holds (state ``t``: left alone on purpose).
@@ -66,25 +71,29 @@ class StoppedPeers:
         """One round: kill the members of this host stopped for too long, if this process
         is the one to look; returns the pids killed."""
         comm = process.runtime().comm
-        if comm is None:
+        if comm is None or comm.joining:
             return []
-        here = []  # (rank, original id, pid, (state, start)) of the members on this host
+        here = []  # (who, pid, (state, start)) of the members on this host, then joiners
         for rank, i in enumerate(comm.ids):
             host, pid = comm.process_of(i)
             if host == self._host and pid is not None and (state := state_of(pid)):
-                here.append((rank, i, pid, state))
-        stopped = {(pid, start) for _, _, pid, (letter, start) in here if letter == STOPPED}
+                here.append((f"rank {rank} (original rank {i}, pid {pid})", pid, state))
+        members = len(here)
+        for host, pid in comm.pending_processes():
+            if host == self._host and (state := state_of(pid)):
+                here.append((f"process {pid}, spawned to join the job,", pid, state))
+        stopped = {(pid, start) for _, pid, (letter, start) in here if letter == STOPPED}
         self._since = {key: self._since.get(key, now) for key in stopped}
-        looking = next((pid for _, _, pid, (letter, _) in here if letter not in NOT_LOOKING),
-                       None)
+        looking = next((pid for _, pid, (letter, _) in here[:members]
+                        if letter not in NOT_LOOKING), None)
         if looking != os.getpid():
             return []
         timeout = config.current().heartbeat_timeout
         killed = []
-        for rank, i, pid, (letter, start) in here:
+        for who, pid, (letter, start) in here:
             if letter == STOPPED and now - self._since[(pid, start)] >= PATIENCE * timeout:
                 workarounds.used("stopped_peer_killed")
-                print(f"elastic_hvd: rank {rank} (original rank {i}, pid {pid}) has been "
+                print(f"elastic_hvd: {who} has been "
                       f"stopped for {now - self._since[(pid, start)]:.1f}s, longer than "
                       f"{PATIENCE:g} x the heartbeat timeout ({timeout:g}s), and Open MPI's "
                       "detector has not evicted it (it watches no spawned process, nor the "
