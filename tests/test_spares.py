@@ -7,6 +7,7 @@ wrong state, or a step missed or repeated, changes it).  World ranks 0..N-1 trai
 the last ``--spares`` world ranks wait.
 """
 
+import collections
 import json
 import os
 import random
@@ -419,6 +420,26 @@ def test_a_rank_lost_inside_the_merge_of_an_adoption_is_relaunched_from_the_kept
     assert done - 1 <= restored["step"] <= done, (done, restored["step"])
     assert restored["digest"] == next(e["digest"] for e in first if e["step"] == restored["step"])
     assert f"from the launcher's copy of step {restored['step']}" in job.output
+    # Every sample trained exactly once per epoch, across the two launches: the first
+    # launch's batches, but not the lost rank's batch of the step it died in (its
+    # gradients never reached the model) nor those of a step the relaunch did again.
+    [death] = [e for e in map(json.loads, (out / "events.jsonl").read_text().splitlines())
+               if e.get("lost")]
+    entries = [(int(path.stem[3:]), entry) for path in out.glob("ids*.jsonl")
+               for entry in map(json.loads, path.read_text().splitlines())]
+    died_in = (death["epoch"] - 1, death["step"])  # the event log counts epochs from 1
+    last_first = max((e["epoch"], e["step"]) for _, e in entries if e["launch"] == 0)
+    per_epoch = collections.defaultdict(collections.Counter)
+    for rank, e in entries:
+        step = (e["epoch"], e["step"])
+        dropped = e["launch"] == 0 and ((rank in death["lost"] and step == died_in)
+                                        or (done > restored["step"] and step == last_first))
+        if not dropped:
+            per_epoch[e["epoch"]].update(e["ids"])
+    assert sorted(per_epoch) == [0, 1, 2]
+    for epoch, counts in per_epoch.items():
+        assert counts == collections.Counter(range(100)), (epoch, counts - collections.Counter(
+            range(100)), collections.Counter(range(100)) - counts)
 
 
 def test_a_job_open_mpi_broke_on_every_rank_ends_with_status_5_when_not_relaunched(tmp_path):

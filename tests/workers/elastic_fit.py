@@ -2,7 +2,8 @@
 
     python elastic_fit.py <epochs> [restart]
 
-Each rank logs the sample ids of every batch it draws (TEST_OUT_DIR/ids<orig>.jsonl).
+Each rank logs the sample ids of every batch it draws (TEST_OUT_DIR/ids<orig>.jsonl,
+with the launch: a job that elastic-hvd-run relaunched writes there again).
 With ``elastic-hvd-run --respawn`` / ``--max-np`` the job grows back (ElasticGrowth);
 TEST_STEP_SLEEP slows every step down so that joiners arrive while it trains;
 TEST_SLOW_UNTIL_SIZE=n slows it to 3 s a step while fewer than n ranks train, so that a
@@ -31,6 +32,7 @@ from elastic_hvd.tensorflow.data import elastic_dataset  # noqa: E402
 
 N, BATCH, BASE_LR = 100, 4, 0.02
 OUT = os.environ["TEST_OUT_DIR"]
+LAUNCH = int(os.environ.get("ELASTIC_HVD_LAUNCH", 0))  # n in elastic-hvd-run's n-th relaunch
 
 
 class CrashingCheckpoint(kc.ElasticCheckpoint):
@@ -64,7 +66,7 @@ def main(epochs):
     def load(ids, weights):  # a joiner learns its original id when it joins: open late
         with open(os.path.join(OUT, f"ids{comm.original_id}.jsonl"), "a") as ids_log:
             ids_log.write(json.dumps({"epoch": sampler.epoch, "step": sampler.step,
-                                      "ids": ids[weights > 0].tolist()}) + "\n")
+                                      "ids": ids[weights > 0].tolist(), "launch": LAUNCH}) + "\n")
         return x[ids], y[ids], weights
 
     dataset = elastic_dataset(sampler, load, (
