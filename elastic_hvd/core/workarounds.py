@@ -108,9 +108,10 @@ TABLE = (
         "a process that dies inside MPI_Intercomm_merge (or MPI_Comm_connect) leaves the "
         "others unable to make any communicator, streaming NBC_Progress errors",
         "the ranks agree nobody of the other side is dead before merging; a rank whose "
-        "merge broke off leaves as a crash",
-        "tests/test_spares.py::test_a_rank_lost_inside_the_merge_of_an_adoption_ends_the_"
-        "job_loudly"),
+        "merge broke off leaves as a crash, and elastic-hvd-run relaunches a job that every "
+        "rank left so",
+        "tests/test_spares.py::test_a_rank_lost_inside_the_merge_of_an_adoption_is_relaunched_"
+        "from_the_kept_state"),
     Workaround(
         "connect_all",
         "Open MPI connects lazily, and a first contact with a spawned process that died "
