@@ -222,6 +222,24 @@ def _run(cmd, env, out_dir, timeout, expect_rc, watcher):
     return job
 
 
+def assert_resumed_from_the_kept_copy(job, out):
+    """A job ``elastic-hvd-run`` relaunched (``elastic_fit.py``) finished on 4 ranks with
+    the same weights after every step of each launch, and resumed from its copy of the
+    last committed step of the first launch, or the one before (the copy is sent after
+    a step while the previous send is not in flight): that step's exact weights.
+    Returns (the first launch's last step, the step the relaunch resumed from)."""
+    assert sorted(job.results) == [0, 1, 2, 3], job.output[-4000:]
+    assert_same_weights_every_step(out)  # in each launch
+    first = [json.loads(line) for line in (out / "steps0.jsonl").read_text().splitlines()
+             if json.loads(line)["launch"] == 0]
+    done = max(e["step"] for e in first)
+    restored = job.results[0]["restored"]
+    assert done - 1 <= restored["step"] <= done, (done, restored["step"])
+    assert restored["digest"] == next(e["digest"] for e in first if e["step"] == restored["step"])
+    assert f"from the launcher's copy of step {restored['step']}" in job.output
+    return done, restored["step"]
+
+
 def assert_same_weights_every_step(out):
     """Every rank has the same weights after each committed step (``stepcheck.py``),
     in each launch of the job."""
