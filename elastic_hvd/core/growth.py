@@ -123,16 +123,17 @@ class _Pending:
         """1 when every joiner said it is ready (as far as this rank knows), 0 not yet,
         -1 when the join broke (a joiner died, the communicator was revoked); notes the
         joiners whose hello arrived meanwhile."""
-        heard: list[tuple[str, int] | None] = []
+        waiting = []
         for request, buffer in self._hellos:
-            with contextlib.suppress(MPI.Exception):  # a failed one: the ready test says it
-                if request.Test():
-                    heard.append(_read_hello(buffer))
-                    continue
-            heard.append(None)
-        if any(heard):
-            self.processes += tuple(h for h in heard if h is not None)
-            self._hellos = [h for h, got in zip(self._hellos, heard) if got is None]
+            try:
+                heard = request.Test()
+            except MPI.Exception:  # a joiner that failed: the ready test says so
+                heard = False
+            if heard:
+                self.processes += (_read_hello(buffer),)
+            else:
+                waiting.append((request, buffer))
+        self._hellos = waiting
         try:
             return 1 if MPI.Request.Testall(self._ready) else 0
         except MPI.Exception:

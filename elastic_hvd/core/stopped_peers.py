@@ -68,8 +68,9 @@ class StoppedPeers:
             self.look(time.monotonic())
 
     def look(self, now: float) -> list[int]:
-        """One round: kill the members of this host stopped for too long, if this process
-        is the one to look; returns the pids killed."""
+        """One round: kill the members of this host, and the processes waiting there to
+        join, stopped for too long, if this process is the one to look; returns the pids
+        killed."""
         comm = process.runtime().comm
         if comm is None or comm.joining:
             return []
