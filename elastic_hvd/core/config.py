@@ -17,6 +17,7 @@ that no other module spells out one of our variables.
 """
 
 import dataclasses
+import math
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -33,6 +34,12 @@ class Setting:
     minimum: float | None = None  # inclusive lower bound of a number
     doc: str = ""
     internal: bool = False    # set by elastic_hvd for its own processes, never by users
+    maximum: float | None = None  # inclusive upper bound (floats: DAY unless set)
+
+
+#: The upper bound of a float setting that names none: every one is a time or a share,
+#: and a day is past any sensible value, yet finite (``inf`` kills timers that take it).
+DAY = 86400.0
 
 
 SETTINGS = (
@@ -88,7 +95,7 @@ SETTINGS = (
             "spawned ranks may oversubscribe the host (set by elastic-hvd-run)"),
     Setting("replica_budget", "ELASTIC_HVD_REPLICA_BUDGET", float, 0.05, 0.0,
             "share of training time rank 0 may spend copying the state to elastic-hvd-run "
-            "(for a relaunch of the job; 0: no copies)"),
+            "(for a relaunch of the job; 0: no copies)", maximum=1.0),
     Setting("unpickle_checkpoints", "ELASTIC_HVD_UNPICKLE_CHECKPOINTS", bool, False, None,
             "restore() may read a checkpoint whose state is a pickle (written before checkpoints "
             "were data only): unpickling runs any code the file holds, so set it only for "
@@ -100,6 +107,15 @@ SETTINGS = (
     Setting("announce", "ELASTIC_HVD_ANNOUNCE", bool, True, None,
             "the current rank 0 prints one line per membership change: the ranks lost or gained, "
             "the new size, what it cost and what it means for the run (0: off)"),
+    Setting("shared_dirs", "ELASTIC_HVD_SHARED_DIRS", bool, False, None,
+            "the waiting board and checkpoint directory may be owned by another user or "
+            "writable by group or others (a shared path, intended): the job then trusts only "
+            "files it created itself there (docs/security.md); unset, such a directory is "
+            "refused"),
+    Setting("max_failed_saves", "ELASTIC_HVD_MAX_FAILED_SAVES", int, 3, 1,
+            "checkpoint saves that may fail in a row (a full disk, a read-only or vanished "
+            "directory) before the job stops, with exit status 6; each failed one costs "
+            "that checkpoint only"),
     Setting("faults", "ELASTIC_HVD_FAULTS", str, "", None,
             "fault plan for tests and demos, e.g. rank=2,step=40 (--faults)"),
     # -- internal ---------------------------------------------------------------------------
@@ -148,9 +164,20 @@ def _parse(setting: Setting, text: str) -> object:
     if setting.kind is str:
         return text or setting.default
     value = setting.kind(text)
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError("must be a finite number")
     if setting.minimum is not None and value < setting.minimum:
-        raise ValueError(f"must be at least {setting.minimum}")
+        raise ValueError(f"must be at least {setting.minimum:g}")
+    upper = _upper(setting)
+    if upper is not None and value > upper:
+        raise ValueError(f"must be at most {upper:g}")
     return value
+
+
+def _upper(setting: Setting) -> float | None:
+    """The inclusive upper bound of a number setting (every float has one)."""
+    return setting.maximum if setting.maximum is not None else (
+        DAY if setting.kind is float else None)
 
 
 def _value(setting: Setting, environ: Mapping[str, str]) -> object:
@@ -207,5 +234,7 @@ def table(internal: bool = False) -> str:
     for s in (s for s in SETTINGS if s.internal == internal):
         default = "unset" if s.default is None else repr(s.default)
         bound = f", at least {s.minimum:g}" if s.minimum is not None else ""
+        if _upper(s) is not None:
+            bound += f", at most {_upper(s):g}"
         rows.append(f"| `{s.env}` | {s.kind.__name__}{bound} | {default} | {s.doc} |")
     return "\n".join(rows)
