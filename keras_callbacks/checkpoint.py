@@ -29,6 +29,13 @@ restoring from a directory someone else could write runs no code; a checkpoint
 whose state is a pickle (from an elastic_hvd that wrote them) is read only with
 ``ELASTIC_HVD_UNPICKLE_CHECKPOINTS`` (see docs/checkpoints.md).
 
+A save that fails (a full disk, a read-only or vanished directory) costs that
+checkpoint, not the job: the writer removes what it wrote, tells the other ranks
+(so that all count alike), rank 0 says which save failed and why, and training
+goes on; the last committed checkpoint is untouched.  After
+``ELASTIC_HVD_MAX_FAILED_SAVES`` failures in a row every rank stops with
+EXIT_SAVES_FAILED: a job that can keep nothing should not train on for hours.
+
 Not guaranteed: if the writer dies during the *final* checkpoint (too few
 ranks), nobody writes it in its place: the previous committed one stays.
 """
@@ -36,6 +43,7 @@ ranks), nobody writes it in its place: the previous committed one stays.
 import contextlib
 import os
 import pickle
+import re
 import socket
 import sys
 import threading
@@ -46,7 +54,7 @@ from typing import TYPE_CHECKING, Any
 import tensorflow as tf
 
 from elastic_hvd import state_format, state_replica
-from elastic_hvd.core import config, runtime
+from elastic_hvd.core import config, runtime, safe_files
 from elastic_hvd.tensorflow.optimizer_state import get_lr
 from elastic_hvd.tensorflow.training_state import TrainingState
 
@@ -58,27 +66,41 @@ if TYPE_CHECKING:
 
 #: Exit status of a job that stopped because too few ranks were left.
 EXIT_BELOW_MIN_NP = 3
+#: Exit status of a job that stopped because its checkpoint saves failed, too many in a row.
+EXIT_SAVES_FAILED = 6
 
 
 #: The opt-in that lets ``restore()`` unpickle a state file.
 UNPICKLE_ENV = config.env("unpickle_checkpoints")
 
 
-def _read_state(path: str) -> Any:
-    """The training state in the file ``path``, as data; a pickled one (``.pkl``)
-    only with the opt-in."""
-    if not path.endswith(".pkl"):
-        return state_format.load(path)
-    if not config.current().unpickle_checkpoints:
+def _read_state(path: str, size: int, owned: bool) -> Any:
+    """The training state in the file ``path`` (a regular file of at most ``size``
+    bytes, ours if ``owned``), as data; a pickled one (``.pkl``) only with the opt-in.
+    ``StateFileError`` if it cannot be read."""
+    pickled = path.endswith(".pkl")
+    if pickled and not config.current().unpickle_checkpoints:
         raise state_format.StateFileError(path, (
             "a pickled training state: unpickling runs whatever code the file holds, so "
             f"elastic_hvd reads it only with {UNPICKLE_ENV}=1. Set it for one restore if you "
             "wrote this checkpoint yourself: the next save writes the state as data"))
+    try:
+        if not pickled:
+            return state_format.loads(safe_files.read_regular(path, size, owned), path)
+        f = safe_files.open_regular(path, size, owned)
+    except OSError as exc:  # replaced since it was checked (a link, a FIFO), or gone
+        raise state_format.StateFileError(path, str(exc).removeprefix(f"{path}: ")) from None
     if not runtime.is_initialized() or runtime.current().rank == 0:
         print(f"elastic_hvd: unpickling {path} ({UNPICKLE_ENV} is set); the next checkpoint "
               "is written as data", file=sys.stderr, flush=True)
-    with open(path, "rb") as f:
+    with f:
         return pickle.load(f)
+
+
+def _one_line(exc: BaseException) -> str:
+    """``exc`` in one line of sane length (h5py's messages span lines)."""
+    text = re.sub(r"\s+", " ", f"{type(exc).__name__}: {exc}").strip()
+    return text if len(text) <= 400 else text[:400] + "..."
 
 
 class ElasticCheckpoint(tf.keras.callbacks.Callback):
@@ -90,10 +112,11 @@ class ElasticCheckpoint(tf.keras.callbacks.Callback):
     def __init__(self, directory: str, sampler: "ElasticSampler | None" = None, every: int = 1,
                  keep: int = 3) -> None:
         super().__init__()
-        self.files = CheckpointFiles(directory, keep)
+        self.files = CheckpointFiles(directory, keep, counts=("epoch", "step", "writer"))
         self.directory, self.sampler, self.every = directory, sampler, every
         self.epoch = 0
         self.saves = 0  # saves so far, counted on every rank: the next one's sequence number
+        self.failed_saves = 0  # saves that failed since the last committed one (every rank)
         #: After ``restore()`` found a checkpoint: what was resumed, as an event-log record.
         self.resumed: dict[str, Any] | None = None
         self._sending = None  # the thread sending the state to the launcher, if any
@@ -105,10 +128,10 @@ class ElasticCheckpoint(tf.keras.callbacks.Callback):
 
     # a rank that joins counts on from here (see ElasticGrowth)
     def live_state(self) -> dict[str, Any]:
-        return {"saves": self.saves}
+        return {"saves": self.saves, "failed_saves": self.failed_saves}
 
     def load_live_state(self, state: dict[str, Any]) -> None:
-        self.saves = state["saves"]
+        self.saves, self.failed_saves = state["saves"], state["failed_saves"]
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         self.epoch = epoch
@@ -142,21 +165,59 @@ class ElasticCheckpoint(tf.keras.callbacks.Callback):
     def _training_state(self, model: Any) -> TrainingState:
         return TrainingState(model, sampler=self.sampler)
 
-    def save(self, resume_epoch: int) -> None:
+    def save(self, resume_epoch: int) -> bool:
         """Called on every rank (it counts the save); the lowest live rank writes.
         ``resume_epoch`` is where to restart (the sampler's position resumes it if it
-        is that epoch's, mid-way)."""
+        is that epoch's, mid-way).  Returns whether the checkpoint was committed.
+
+        Every rank learns the outcome from the writer (one broadcast), so all count
+        failed saves alike and stop together (EXIT_SAVES_FAILED) -- except while too
+        few ranks are left (the final checkpoint: no collective works then; only the
+        writer knows) or when the writer is lost during the save (nobody knows: not
+        counted either way)."""
         seq, self.saves = self.saves, self.saves + 1
-        if runtime.is_initialized() and runtime.current().rank != 0:
-            return
+        comm = runtime.current() if runtime.is_initialized() else None
+        failure = self._write(seq, resume_epoch) if comm is None or comm.rank == 0 else None
+        if comm is not None and comm.below_min_np is None:
+            failure = comm.broadcast_object(failure)  # the writer's, or None if it was lost
+        if failure == "":
+            self.failed_saves = 0
+        if not failure:
+            return failure == ""
+        self.failed_saves += 1
+        limit = config.current().max_failed_saves
+        speaker = comm is None or comm.rank == 0
+        if speaker:
+            print(f"elastic_hvd: the checkpoint of epoch {resume_epoch} (save {seq}) failed: "
+                  f"{failure}; training goes on, the last committed checkpoint in "
+                  f"{self.directory} is kept ({self.failed_saves} of "
+                  f"{config.env('max_failed_saves')}={limit} failed saves in a row)",
+                  file=sys.stderr, flush=True)
+        if self.failed_saves >= limit and (comm is None or comm.below_min_np is None):
+            if speaker:
+                print(f"elastic_hvd: stopping: {self.failed_saves} checkpoint saves in a row "
+                      f"failed (the last: {failure}). The last committed checkpoint in "
+                      f"{self.directory} is kept: make room or fix the directory, then restart "
+                      f"the job to resume from it (exit status {EXIT_SAVES_FAILED}).",
+                      file=sys.stderr, flush=True)
+            runtime.exit_with(EXIT_SAVES_FAILED)
+        return False
+
+    def _write(self, seq: int, resume_epoch: int) -> str:
+        """Write the checkpoint: "" if it was committed, else why not (one line).
+        h5py reports a failed write (ENOSPC...) as RuntimeError, the rest as OSError."""
         model = self.model
         state = self._training_state(model).state(resume_epoch)
-        self.files.write(seq, resume_epoch, {
-            "state": ("state.npz", lambda path: state_format.dump(state, path)),
-            "weights": ("weights.h5", lambda path: save_weights(model, path)),
-        }, {"epoch": resume_epoch, "step": state.get("session", {}).get("step"),
-            "host": socket.gethostname(),
-            "writer": runtime.current().original_id if runtime.is_initialized() else None})
+        try:
+            self.files.write(seq, resume_epoch, {
+                "state": ("state.npz", lambda path: state_format.dump(state, path)),
+                "weights": ("weights.h5", lambda path: save_weights(model, path)),
+            }, {"epoch": resume_epoch, "step": state.get("session", {}).get("step"),
+                "host": socket.gethostname(),
+                "writer": runtime.current().original_id if runtime.is_initialized() else None})
+        except (OSError, RuntimeError) as exc:
+            return _one_line(exc)
+        return ""
 
     def restore(self, model: Any) -> int:
         """Load the newest state into ``model`` (and the sampler): the launcher's
@@ -208,7 +269,7 @@ class ElasticCheckpoint(tf.keras.callbacks.Callback):
                              f"names no state file among its files {entry['files']} (written "
                              "before checkpoints held the training state, or edited)")
         path = os.path.join(self.directory, name)  # type: ignore[arg-type]  # (name in files)
-        state = _read_state(path)
+        state = _read_state(path, entry["sizes"][name], self.files.shared())
         try:
             return self._load(model, state, entry["name"])
         except (KeyError, IndexError, TypeError, AttributeError) as exc:  # data, not a state
@@ -244,9 +305,11 @@ class ElasticCheckpoint(tf.keras.callbacks.Callback):
             below_min = runtime.current().below_min_np
             if below_min is None:
                 raise
-            self.save(self.epoch)
+            saved = self.save(self.epoch)
             if runtime.current().rank == 0:
-                print(f"elastic_hvd: stopping: {below_min}. Final checkpoint written to "
-                      f"{self.directory}; restart the job to resume at epoch {self.epoch + 1}.",
-                      file=sys.stderr, flush=True)
+                print(f"elastic_hvd: stopping: {below_min}. " + (
+                    f"Final checkpoint written to {self.directory}; restart the job to resume "
+                    f"at epoch {self.epoch + 1}." if saved else
+                    "The final checkpoint failed (said above): restart the job to resume from "
+                    f"the last committed one in {self.directory}."), file=sys.stderr, flush=True)
             runtime.exit_with(EXIT_BELOW_MIN_NP)

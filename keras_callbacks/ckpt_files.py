@@ -11,7 +11,16 @@ them and the directory, and only then commits by renaming a new
 the newest ``keep`` committed checkpoints; older ones, and the leftovers of
 saves that never committed, are deleted only after the commit.  So a crash at
 any point leaves the last committed checkpoint, byte for byte, and ``load``
-takes the newest one whose files are all there.
+takes the newest one whose files are all there.  A save that fails (a full disk,
+a read-only directory) removes what it wrote and raises: the committed
+checkpoint is untouched.
+
+The directory is trusted as :func:`~elastic_hvd.core.safe_files.checked_dir`
+says (ours, 0700, unless shared directories are allowed); every file is created
+0600, exclusively (never through a link), the new metadata under an
+unpredictable temporary name; and what is read back must be a regular file of a
+bounded size: a symlink, FIFO or device planted in its place is refused, not
+followed or waited on.
 
 What it does NOT guarantee: two writers at once (a writer that was declared dead
 but still runs, e.g. after SIGSTOP, can still commit or delete); storage that
@@ -20,21 +29,32 @@ content hashes are kept); a directory shared by two jobs.  What is saved is the
 caller's business (``parts``); this module knows only file names.
 """
 
+import contextlib
 import json
 import os
 import re
+import stat
 import warnings
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from elastic_hvd.core import config, safe_files
+
 META = "checkpoint.json"
+#: The most bytes checkpoint.json may have (a real one has a few kB).
+META_MAX_BYTES = 16 << 20
+#: The largest count (sequence number, epoch, step, size) checkpoint.json may hold:
+#: far beyond any real one, and short enough for a file name.
+COUNT_MAX = 10 ** 15
 _OURS = re.compile(r"^ckpt-\d+-e\d+(-\d+)?\.|^\.checkpoint\.json\..*\.tmp$")
 
 
-def _fsync(path: str, directory: bool = False) -> None:
-    fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if directory else 0))
+def _sync(path: str, directory: bool = False) -> int:
+    """fsync ``path`` (not through a link); its size."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | (os.O_DIRECTORY if directory else 0))
     try:
         os.fsync(fd)
+        return os.fstat(fd).st_size
     finally:
         os.close(fd)
 
@@ -43,49 +63,87 @@ def _plain_name(name: object) -> bool:
     return isinstance(name, str) and name not in ("", ".", "..") and os.path.basename(name) == name
 
 
-class CheckpointFiles:
-    """Committed checkpoints in ``directory``; the newest ``keep`` are kept."""
+def _count(value: object) -> bool:
+    return type(value) is int and 0 <= value <= COUNT_MAX
 
-    def __init__(self, directory: str, keep: int = 3) -> None:
+
+class CheckpointFiles:
+    """Committed checkpoints in ``directory``; the newest ``keep`` are kept.
+    ``counts``: the fields of an entry (besides this module's) that must be
+    counts or None, checked when the metadata is read."""
+
+    def __init__(self, directory: str, keep: int = 3, counts: Iterable[str] = ()) -> None:
         if keep < 1:
             raise ValueError(f"keep must be at least 1, not {keep}")
-        self.directory, self.keep = directory, keep
+        self.directory, self.keep, self.counts = directory, keep, tuple(counts)
 
     @property
     def meta_path(self) -> str:
         return os.path.join(self.directory, META)
 
+    @staticmethod
+    def shared() -> bool:
+        """Whether the directory may be shared (then only our own files are read)."""
+        return bool(config.current().shared_dirs)
+
+    def _checked_dir(self) -> str:
+        return safe_files.checked_dir(self.directory, "checkpoint directory", self.shared())
+
+    def invalid(self, reason: str) -> ValueError:
+        """The one error for a checkpoint.json that is not what ``write`` commits."""
+        return ValueError(f"{self.meta_path}: {reason}")
+
     def entries(self) -> list[dict[str, Any]]:
         """The committed checkpoints, newest first ([] when there is none).
 
-        ``ValueError`` naming checkpoint.json if it is not what ``write`` commits,
-        e.g. a file name with a directory in it: reading or deleting it would reach
-        outside the directory."""
+        ``ValueError`` naming checkpoint.json if it is not what ``write`` commits:
+        not a regular file (a symlink, a FIFO), too large, not JSON, a value of
+        another type or size, a file name with a directory in it (reading or
+        deleting it would reach outside the directory).
+        :class:`~elastic_hvd.core.safe_files.UnsafePathError` if the directory
+        is not to be trusted."""
+        self._checked_dir()
         try:
-            with open(self.meta_path) as f:
-                meta = json.load(f)
+            meta = json.loads(safe_files.read_regular(self.meta_path, META_MAX_BYTES,
+                                                      owned=self.shared()))
         except FileNotFoundError:
             return []
+        except safe_files.UnsafePathError as exc:
+            raise self.invalid(str(exc).removeprefix(f"{self.meta_path}: ")) from None
         except (ValueError, RecursionError) as exc:  # not JSON (or not UTF-8)
-            raise ValueError(f"{self.meta_path}: not valid JSON ({exc})") from None
+            raise self.invalid(f"not valid JSON ({exc})") from None
         if not isinstance(meta, dict) or not isinstance(meta.get("older", []), list):
-            raise ValueError(f"{self.meta_path}: not checkpoint metadata")
+            raise self.invalid("not checkpoint metadata")
         newest = {k: v for k, v in meta.items() if k != "older"}
         entries = [newest, *meta.get("older", [])]
         for entry in entries:
-            files = entry.get("files") if isinstance(entry, dict) else None
-            if not isinstance(files, list):
-                raise ValueError(f"{self.meta_path}: a checkpoint without its list of files "
-                                 "(not this layout: written by another version?)")
-            if not all(map(_plain_name, files)):
-                raise ValueError(f"{self.meta_path}: a checkpoint's files are not plain file "
-                                 f"names in the directory: {files!r}")
+            self._check(entry)
         return entries
+
+    def _check(self, entry: object) -> None:
+        files = entry.get("files") if isinstance(entry, dict) else None
+        if not isinstance(entry, dict) or not isinstance(files, list):
+            raise self.invalid("a checkpoint without its list of files "
+                               "(not this layout: written by another version?)")
+        if not all(map(_plain_name, files)) or len(set(files)) != len(files):
+            raise self.invalid(f"a checkpoint's files are not plain file names in the "
+                               f"directory: {files!r}")
+        sizes = entry.get("sizes")
+        if not (_plain_name(entry.get("name")) and _count(entry.get("seq"))
+                and isinstance(sizes, dict) and sorted(sizes) == sorted(files)
+                and all(map(_count, sizes.values()))):
+            raise self.invalid("a checkpoint's name, sequence number or file sizes are not "
+                               f"a file name, a count (0 to {COUNT_MAX}) and one count per "
+                               "file")
+        for field in self.counts:
+            if entry.get(field) is not None and not _count(entry[field]):
+                raise self.invalid(f"a checkpoint's {field} is {entry[field]!r}, not a count "
+                                   f"(0 to {COUNT_MAX})")
 
     @staticmethod
     def next_seq(entries: Iterable[dict[str, Any]]) -> int:
         """The sequence number after every committed one (a restarted job goes on from it)."""
-        return max((e.get("seq", -1) for e in entries), default=-1) + 1
+        return max((e["seq"] for e in entries), default=-1) + 1
 
     def new_name(self, seq: int, epoch: int, entries: Iterable[dict[str, Any]]) -> str:
         """``ckpt-<seq>-e<epoch>``, with ``-<n>`` appended while that name is taken."""
@@ -101,72 +159,98 @@ class CheckpointFiles:
               info: dict[str, Any]) -> dict[str, Any]:
         """Write and commit a checkpoint; returns its entry (as ``entries()`` lists it).
 
-        ``parts`` maps a role to ``(suffix, write)``: ``write(path)`` creates the
-        file ``<name>.<suffix>``; the entry records its name under the role.
-        ``info``: more JSON-able fields of the entry (e.g. the epoch).
+        ``parts`` maps a role to ``(suffix, write)``: ``write(path)`` fills the
+        file ``<name>.<suffix>`` (created empty, 0600, just before); the entry
+        records its name under the role.  ``info``: more JSON-able fields of the
+        entry (e.g. the epoch).  If anything fails before the commit, the files
+        this save created are removed (as far as the directory lets us) and the
+        error is raised: the committed checkpoint is as it was.
         """
-        os.makedirs(self.directory, exist_ok=True)
-        entries = self.entries()
+        entries = self.entries()  # (checks the directory)
         name = self.new_name(seq, epoch, entries)
         entry: dict[str, Any] = {"name": name, "seq": seq, **info, "files": []}
-        for role, (suffix, write) in parts.items():
-            entry[role] = f"{name}.{suffix}"
-            entry["files"].append(entry[role])
-            write(os.path.join(self.directory, entry[role]))
-            self.reached(f"wrote {role}")
-        entry["sizes"] = {}
-        for f in entry["files"]:
-            path = os.path.join(self.directory, f)
-            _fsync(path)
-            entry["sizes"][f] = os.path.getsize(path)
-        _fsync(self.directory, directory=True)
-        self.reached("synced")
-        kept = [entry, *entries[:self.keep - 1]]
-        tmp = os.path.join(self.directory, f".{META}.{name}.tmp")
-        with open(tmp, "w") as f:
-            json.dump({**entry, "older": kept[1:]}, f)
-            f.flush()
-            os.fsync(f.fileno())
-        self.reached("before commit")
-        os.replace(tmp, self.meta_path)  # the commit point
-        _fsync(self.directory, directory=True)
+        created: list[str] = []
+        try:
+            for role, (suffix, write) in parts.items():
+                entry[role] = f"{name}.{suffix}"
+                entry["files"].append(entry[role])
+                path = os.path.join(self.directory, entry[role])
+                safe_files.create_private(path).close()
+                created.append(path)
+                write(path)
+                self.reached(f"wrote {role}")
+            entry["sizes"] = {f: _sync(os.path.join(self.directory, f)) for f in entry["files"]}
+            _sync(self.directory, directory=True)
+            self.reached("synced")
+            kept = [entry, *entries[:self.keep - 1]]
+            tmp, path = safe_files.temp_file(self.directory, f".{META}.")
+            created.append(path)
+            with tmp:
+                tmp.write(json.dumps({**entry, "older": kept[1:]}).encode())
+                tmp.flush()
+                os.fsync(tmp.fileno())
+            self.reached("before commit")
+            os.replace(path, self.meta_path)  # the commit point
+        except BaseException:
+            for path in created:
+                with contextlib.suppress(OSError):
+                    os.remove(path)
+            raise
+        try:
+            _sync(self.directory, directory=True)
+        except OSError:  # committed, but not known to be on disk: delete nothing yet
+            return entry
         self.reached("committed")
         self._clean(kept, entries[self.keep - 1:])
         return entry
 
     def _clean(self, kept: Iterable[dict[str, Any]], dropped: Iterable[dict[str, Any]]) -> None:
-        """Delete the dropped checkpoints and the leftovers of saves that never committed."""
+        """Delete the dropped checkpoints and the leftovers of saves that never committed
+        (as far as the directory lets us: the next save tries again)."""
         needed = {f for e in kept for f in e["files"]}
         doomed = {f for e in dropped for f in e["files"]}
         doomed |= {f for f in os.listdir(self.directory) if _OURS.match(f)}
         for f in sorted(doomed - needed):
-            try:
+            with contextlib.suppress(OSError):
                 os.remove(os.path.join(self.directory, f))
-            except FileNotFoundError:
-                pass
             self.reached("removed a file")
-        _fsync(self.directory, directory=True)
+        with contextlib.suppress(OSError):
+            _sync(self.directory, directory=True)
 
     def load(self, read: Callable[[dict[str, Any]], Any]) -> dict[str, Any] | None:
-        """``read(entry)`` the newest committed checkpoint whose files are all there
-        (older ones if it fails); returns the entry read, None when there is none."""
+        """``read(entry)`` the newest committed checkpoint whose files are all there,
+        regular files of the recorded sizes (older ones if it fails); returns the
+        entry read, None when there is none.  If none can be read: the error of the
+        oldest (a ``ValueError`` naming its file, unless ``read`` raised another)."""
         entries, error = self.entries(), None
         for entry in entries:
             try:
                 for f in entry["files"]:
-                    size = os.path.getsize(os.path.join(self.directory, f))
-                    if size != entry.get("sizes", {}).get(f, size):
-                        raise ValueError(f"{f} has {size} bytes, not {entry['sizes'][f]}")
+                    self._check_file(f, entry["sizes"][f])
                 read(entry)
                 return entry
             except Exception as exc:  # noqa: BLE001 -- any unreadable file: try the older one
                 error = exc
-                warnings.warn(f"checkpoint {entry.get('name', entry['files'])} unreadable "
+                warnings.warn(f"checkpoint {entry['name']} unreadable "
                               f"({type(exc).__name__}: {exc}); trying an older one",
                               stacklevel=2)
         if error is not None:
             raise error
         return None
+
+    def _check_file(self, name: str, size: int) -> None:
+        path = os.path.join(self.directory, name)
+        try:
+            info = os.lstat(path)
+        except FileNotFoundError:
+            raise ValueError(f"{path}: missing") from None
+        if not stat.S_ISREG(info.st_mode):
+            raise ValueError(f"{path}: not a regular file (a symbolic link, FIFO, device or "
+                             "directory in its place)")
+        if self.shared() and info.st_uid != os.geteuid():
+            raise ValueError(f"{path}: belongs to another user")
+        if info.st_size != size:
+            raise ValueError(f"{path} has {info.st_size} bytes, not {size}")
 
     def reached(self, point: str) -> None:
         """Called at each step of ``write``: a crash point for tests; does nothing."""
