@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 import numpy as np
 
-from . import config, faults, mpi_env, workarounds
+from . import config, faults, mpi_env, signals, workarounds
 from .collectives import CollectivesMixin
 from .errors import (ElasticHvdError, JoinOrderError, MismatchError, RanksBelowMinimumError,
                      RemoteCollectiveError)
@@ -124,7 +124,7 @@ class ResilientComm(JoiningMixin, RepairMixin, CollectivesMixin):
             raise RanksBelowMinimumError(self.size, self.min_np, ())
 
     def _start(self, comm: Any) -> None:
-        """Make our own communicator from ``comm`` and learn every rank's host and pid,
+        """Make our own communicator from ``comm`` and learn every rank's host and identity,
         leaving out ranks that die meanwhile.
 
         ``MPI_Comm_dup`` with a dead member fails on some ranks and succeeds on
@@ -192,9 +192,9 @@ class ResilientComm(JoiningMixin, RepairMixin, CollectivesMixin):
         """Host of a process, current or lost, by original id (None if unknown)."""
         return self.process_of(original_id)[0]
 
-    def process_of(self, original_id: int) -> tuple[str | None, int | None]:
-        """(host, pid) of a process, current or lost, by original id ((None, None) if
-        unknown)."""
+    def process_of(self, original_id: int) -> tuple[str | None, signals.Identity | None]:
+        """(host, identity: pid and start time) of a process, current or lost, by
+        original id ((None, None) if unknown)."""
         return self._procs.get(original_id, (None, None))
 
     # -- the transaction ----------------------------------------------------------

@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 import numpy as np
 
-from . import config, faults, heartbeat, mpi_env, spares
+from . import config, faults, heartbeat, mpi_env, signals, spares
 from .errors import ElasticHvdError
 from .membership import MembershipEvent
 from .spawn import MergeCall, SpawnCall
@@ -72,29 +72,33 @@ _REASONS = {ENDED: "training ended before it was ready",
             BROKE: "another process joining with it failed"}
 #: Running ranks (the lowest of the merged communicator) that send the verdict.
 _VERDICT_SENDERS = 3
-#: Tag of a joiner's first message to every running rank: its host and pid, right after
-#: its merge, so that a stop before it joins is seen (see :func:`_hello`).
+#: Tag of a joiner's first message to every running rank: its host and identity (pid and
+#: start time), right after its merge, so that a stop before it joins is seen (see
+#: :func:`_hello`).
 _HELLO = 4
-#: Bytes of that message: the pid (8, little-endian), then the host name (NUL-padded).
-_HELLO_BYTES = 8 + 256
+#: Bytes of that message: the pid and the start time (8 each, little-endian), then the
+#: host name (NUL-padded).
+_HELLO_BYTES = 16 + 256
 
 
 def _hello() -> np.ndarray:
-    """This process's (pid, host) as a joiner's hello.  Why: Open MPI's detector never
-    watches a spawned process, and a member only learns a joiner's pid when it joins; a
-    joiner stopped (SIGSTOP) while it starts up would never be ready, and the job would
-    stay below its size for good.  With the pid known, the members' watch of stopped
-    processes (:mod:`.stopped_peers`) covers it too."""
+    """This process's (identity, host) as a joiner's hello.  Why: Open MPI's detector
+    never watches a spawned process, and a member only learns a joiner's pid when it
+    joins; a joiner stopped (SIGSTOP) while it starts up would never be ready, and the
+    job would stay below its size for good.  With the pid known, the members' watch of
+    stopped processes (:mod:`.stopped_peers`) covers it too; with the start time, that
+    watch never kills a later process that got the pid (:mod:`.signals`)."""
     message = np.zeros(_HELLO_BYTES, dtype=np.uint8)
-    message[:8] = np.frombuffer(os.getpid().to_bytes(8, "little"), dtype=np.uint8)
-    host = socket.gethostname().encode()[:_HELLO_BYTES - 8]
-    message[8:8 + len(host)] = np.frombuffer(host, dtype=np.uint8)
+    message[:16] = np.array(signals.mine(), dtype="<i8").view(np.uint8)
+    host = socket.gethostname().encode()[:_HELLO_BYTES - 16]
+    message[16:16 + len(host)] = np.frombuffer(host, dtype=np.uint8)
     return message
 
 
-def _read_hello(message: np.ndarray) -> tuple[str, int]:
-    return (bytes(message[8:]).rstrip(b"\0").decode(errors="replace"),
-            int.from_bytes(bytes(message[:8]), "little"))
+def _read_hello(message: np.ndarray) -> tuple[str, signals.Identity]:
+    pid, start = (int(v) for v in message[:16].view("<i8"))
+    return (bytes(message[16:]).rstrip(b"\0").decode(errors="replace"),
+            signals.Identity(pid, start))
 
 
 class _Pending:
@@ -115,9 +119,9 @@ class _Pending:
         spawned = range(merged.size - count, merged.size) if spare is None else ()
         self._hellos = [(merged.Irecv(buffer, source=r, tag=_HELLO), buffer)
                         for r, buffer in ((r, np.zeros(_HELLO_BYTES, np.uint8)) for r in spawned)]
-        #: (host, pid) of each joiner heard from; replaced, never changed in place: the
-        #: watch of stopped processes reads it from its own thread.
-        self.processes: tuple[tuple[str, int], ...] = ()
+        #: (host, identity) of each joiner heard from; replaced, never changed in place:
+        #: the watch of stopped processes reads it from its own thread.
+        self.processes: tuple[tuple[str, signals.Identity], ...] = ()
 
     def test(self, MPI: Any) -> int:
         """1 when every joiner said it is ready (as far as this rank knows), 0 not yet,
@@ -320,7 +324,7 @@ class Growth:
         self.channels: dict[int, Any] = {}
         self._ready_spares: dict[int, int]
         self._ready_spares = {}  # spares that told this rank they are ready -> slot (-1: none)
-        self._spare_pids: dict[int, int] = {}  # ... -> their process id (see adopt_spare)
+        self._spare_ids: dict[int, signals.Identity] = {}  # ... -> who they are (see adopt_spare)
 
     @property
     def joining(self) -> bool:
@@ -347,8 +351,8 @@ class Growth:
         """True while spawned processes wait to be adopted (running ranks)."""
         return self._pending is not None
 
-    def pending_processes(self) -> tuple[tuple[str, int], ...]:
-        """(host, pid) of the spawned processes waiting to be adopted that this rank
+    def pending_processes(self) -> tuple[tuple[str, signals.Identity], ...]:
+        """(host, identity) of the spawned processes waiting to be adopted that this rank
         heard from (any thread: read without MPI)."""
         pending = self._pending
         return pending.processes if pending is not None else ()
@@ -482,7 +486,7 @@ class Growth:
         if not connected:
             call.call_off()
             if call.timed_out:  # stopped or stuck: it may never leave by itself
-                call.end_spare(dict(self.pool).get(spare), self._spare_pids.get(spare))
+                call.end_spare(dict(self.pool).get(spare), self._spare_ids.get(spare))
         if spare < 0 or not connected:
             self.pool = [(w, host) for w, host in self.pool if w != spare]
         if spare < 0 and (given_up := self.channels.pop(spare, None)) is not None:
@@ -495,11 +499,11 @@ class Growth:
         pool's key of the spawned spare it leads to; None: the world's, whose key is
         the sender's rank)."""
         MPI = self.comm.MPI
-        while (message := spares.receive(MPI, channel, spares.READY, 8)) is not None:
+        while (message := spares.receive(MPI, channel, spares.READY, 24)) is not None:
             if message[1] is not None:  # a dead one is found failed by the caller
-                slot, pid = (int(v) for v in np.frombuffer(message[1], np.int32))
+                slot, pid, start = (int(v) for v in np.frombuffer(message[1], "<i8"))
                 self._ready_spares[message[0] if key is None else key] = slot
-                self._spare_pids[message[0] if key is None else key] = pid
+                self._spare_ids[message[0] if key is None else key] = signals.Identity(pid, start)
 
     def claim_spares(self) -> None:
         """Rank 0 of an in-place job, after each commit (local, no collective): give

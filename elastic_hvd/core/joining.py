@@ -15,6 +15,7 @@ from .membership import MembershipEvent
 
 if TYPE_CHECKING:
     from .growth import Growth
+    from .signals import Identity
 
 
 class JoiningMixin:
@@ -42,8 +43,8 @@ class JoiningMixin:
         """True while spawned processes wait to be adopted (see :meth:`poll_join`)."""
         return self._growth.pending
 
-    def pending_processes(self) -> tuple[tuple[str, int], ...]:
-        """(host, pid) of the spawned processes waiting to be adopted, as far as this
+    def pending_processes(self) -> tuple[tuple[str, "Identity"], ...]:
+        """(host, identity) of the spawned processes waiting to be adopted, as far as this
         rank heard (for the watch of stopped processes; any thread, no MPI)."""
         return self._growth.pending_processes()
 

@@ -7,8 +7,6 @@ of :mod:`.comm`: a repair starts only once the ranks agreed that one is needed.
 """
 
 import contextlib
-import os
-import signal
 import socket
 import sys
 import time
@@ -16,7 +14,7 @@ import traceback
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from . import faults, mpi_env, workarounds
+from . import faults, mpi_env, signals, workarounds
 from .errors import ElasticHvdError, RanksBelowMinimumError
 from .membership import Listeners, MembershipEvent
 
@@ -39,7 +37,7 @@ class RepairMixin:
         listeners: Listeners
         label: str
         _quiet: bool
-        _procs: dict[int, tuple[str, int]]
+        _procs: dict[int, tuple[str, signals.Identity]]
         _waiting: tuple[int, int] | None
         _below_min: RanksBelowMinimumError | None
         _verify_next: bool
@@ -112,11 +110,12 @@ class RepairMixin:
         self._verify_next = book["verify"]
 
     def meet(self, extra: Any = None) -> list[Any]:
-        """Learn every live rank's host and pid, with ``extra`` from each (a resilient
-        collective); returns the ``extra`` of every rank, in rank order."""
-        mine = (socket.gethostname(), os.getpid(), extra)
+        """Learn every live rank's host and identity (pid and start time: see
+        :mod:`.signals`), with ``extra`` from each (a resilient collective); returns the
+        ``extra`` of every rank, in rank order."""
+        mine = (socket.gethostname(), signals.mine(), extra)
         everyone = self.run(None, lambda c: c.allgather(mine))
-        self._procs.update((i, (host, pid)) for i, (host, pid, _) in zip(self._ids, everyone))
+        self._procs.update((i, (host, who)) for i, (host, who, _) in zip(self._ids, everyone))
         return [e for *_, e in everyone]
 
     @contextlib.contextmanager
@@ -198,15 +197,14 @@ class RepairMixin:
         """Make sure evicted processes are gone (a hung rank must not come back).
 
         The lowest survivor on each host kills the lost processes of its host;
-        that also lets ``mpirun`` exit once the survivors are done.
+        that also lets ``mpirun`` exit once the survivors are done.  Only the process
+        each one was (:func:`.signals.kill`): a lost rank long gone may have left its
+        pid to any other process.
         """
         host = socket.gethostname()
         local = [i for i in self._ids if self.host_of(i) == host]
         if local and local[0] == self.original_id:
             for i in lost:
-                lost_host, pid = self._procs.get(i, (None, None))
-                if lost_host == host:
-                    try:
-                        os.kill(pid, signal.SIGKILL)  # type: ignore[arg-type]  # known host: pid
-                    except OSError:
-                        pass
+                lost_host, who = self._procs.get(i, (None, None))
+                if lost_host == host and who is not None:
+                    signals.kill(who, f"the lost original rank {i}")

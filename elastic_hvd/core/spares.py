@@ -67,8 +67,6 @@ it hold that channel: one of them sends it the port, and once all of them are go
 nobody can adopt it -- it leaves, and the pool drops it.
 """
 
-import os
-import signal
 import socket
 import sys
 import threading
@@ -78,7 +76,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import numpy as np
 
-from . import config, workarounds
+from . import config, signals, workarounds
 from .mpi_env import end_as_crash, retire
 from .spawn import BROKEN_GRACE, MergeCall, connect_all
 
@@ -88,8 +86,9 @@ if TYPE_CHECKING:
 #: Seconds between two looks for a message while a spare waits.
 POLL = 0.05
 #: Tags on a spare's channel (``MPI_COMM_WORLD``, or a spawned spare's merged communicator):
-#: its "ready" (the slot it takes, -1 for none, and its pid), the training ranks' "adopt",
-#: "release", "claim" (slot, size) and "called off" (an adoption given up inside the connect).
+#: its "ready" (the slot it takes, -1 for none, its pid and start time: see :mod:`.signals`),
+#: the training ranks' "adopt", "release", "claim" (slot, size) and "called off" (an
+#: adoption given up inside the connect).
 READY, ADOPT, RELEASE, CLAIM, CALLED_OFF = 32001, 32002, 32003, 32004, 32005
 #: Why a spare leaves when its adoption was called off.
 _CALLED_OFF_WHY = ("the training ranks gave its adoption up before its connect completed (one "
@@ -190,7 +189,7 @@ class SpareInvitation:
         MPI, channel = self.MPI, self._channel
         if self._sends is None:  # once: a spare stays ready after a broken adoption
             self._sends = []
-            ready = np.array([-1 if self.slot is None else self.slot, os.getpid()], np.int32)
+            ready = np.array([-1 if self.slot is None else self.slot, *signals.mine()], "<i8")
             for r in range(channel.size):  # trainers, and world spares adopted since (not
                 if r == channel.rank:      # waiting ones: they never look at this tag)
                     continue
@@ -335,22 +334,20 @@ class AdoptCall(MergeCall):
             except self._owner.MPI.Exception:
                 pass
 
-    def end_spare(self, host: str | None, pid: int | None) -> None:
+    def end_spare(self, host: str | None, spare: signals.Identity | None) -> None:
         """In the root, once the adoption timed out before the spare connected: SIGKILL
-        the spare (process ``pid`` on ``host``, as it said when ready) if it runs on this
-        host.  A stopped spare never leaves by itself, and Open MPI's detector never
+        the ``spare`` (the process that said so when ready, on ``host``) if it runs on
+        this host.  A stopped spare never leaves by itself, and Open MPI's detector never
         evicts a spawned one, so it would linger, and keep mpirun from ending, for ever
         (the fence of :mod:`.repair` does the same for an evicted rank)."""
         if self._port is None:
             return
-        if pid is None or host != socket.gethostname():
+        if spare is None or host != socket.gethostname():
             done = f"it runs on {host}, where this rank cannot end it"
+        elif signals.kill(spare, "a hot spare whose adoption timed out"):
+            done = f"killed it (pid {spare.pid})"
         else:
-            try:
-                os.kill(pid, signal.SIGKILL)
-                done = f"killed it (pid {pid})"
-            except OSError:
-                done = f"it had ended (pid {pid})"
+            done = f"it had ended (pid {spare.pid})"
         print(f"elastic_hvd: a hot spare did not connect within {self.timeout_s:.0f}s when "
               f"adopted (stopped or stuck): the ranks dropped it; {done}", file=sys.stderr,
               flush=True)

@@ -23,14 +23,13 @@ debugger holds (state ``t``: left alone on purpose).
 """
 
 import os
-import signal
 import socket
 import sys
 import threading
 import time
 
-from . import config, process, workarounds
-from .procfs import stat_fields
+from . import config, process, signals, workarounds
+from .procfs import START, stat_fields
 
 #: Heartbeat timeouts a member must stay stopped before it is killed: past the
 #: detector's own eviction of a world rank, so that this only acts where it does not.
@@ -40,11 +39,11 @@ PATIENCE = 1.5
 STOPPED, NOT_LOOKING = "T", "TtZX"
 
 
-def state_of(pid: int) -> tuple[str, int] | None:
-    """(state letter, start time in clock ticks) of process ``pid``, None if it is gone.
-    The start time tells a process from a later one that got the same pid."""
-    fields = stat_fields(f"/proc/{pid}/stat")
-    return (fields[0], int(fields[19])) if fields else None
+def state_of(who: signals.Identity) -> str | None:
+    """The state letter of process ``who``, None if it is gone: its pid free, or held
+    by a later process (its start time differs)."""
+    fields = stat_fields(f"/proc/{who.pid}/stat")
+    return fields[0] if fields and int(fields[START]) == who.start else None
 
 
 class StoppedPeers:
@@ -52,8 +51,8 @@ class StoppedPeers:
 
     def __init__(self) -> None:
         self._host = socket.gethostname()
-        #: When each stopped member (pid, start time) was first seen stopped.
-        self._since: dict[tuple[int, int], float] = {}
+        #: When each stopped member was first seen stopped.
+        self._since: dict[signals.Identity, float] = {}
 
     def start(self) -> None:
         """Look every heartbeat period from now on, in a thread of its own that makes
@@ -74,36 +73,33 @@ class StoppedPeers:
         comm = process.runtime().comm
         if comm is None or comm.joining:
             return []
-        here = []  # (who, pid, (state, start)) of the members on this host, then joiners
+        here = []  # (what, identity, state) of the members on this host, then joiners
         for rank, i in enumerate(comm.ids):
-            host, pid = comm.process_of(i)
-            if host == self._host and pid is not None and (state := state_of(pid)):
-                here.append((f"rank {rank} (original rank {i}, pid {pid})", pid, state))
+            host, who = comm.process_of(i)
+            if host == self._host and who is not None and (state := state_of(who)):
+                here.append((f"rank {rank} (original rank {i}, pid {who.pid})", who, state))
         members = len(here)
-        for host, pid in comm.pending_processes():
-            if host == self._host and (state := state_of(pid)):
-                here.append((f"process {pid}, spawned to join the job,", pid, state))
-        stopped = {(pid, start) for _, pid, (letter, start) in here if letter == STOPPED}
-        self._since = {key: self._since.get(key, now) for key in stopped}
-        looking = next((pid for _, pid, (letter, _) in here[:members]
+        for host, who in comm.pending_processes():
+            if host == self._host and (state := state_of(who)):
+                here.append((f"process {who.pid}, spawned to join the job,", who, state))
+        stopped = {who for _, who, letter in here if letter == STOPPED}
+        self._since = {who: self._since.get(who, now) for who in stopped}
+        looking = next((who.pid for _, who, letter in here[:members]
                         if letter not in NOT_LOOKING), None)
         if looking != os.getpid():
             return []
         timeout = config.current().heartbeat_timeout
         killed = []
-        for who, pid, (letter, start) in here:
-            if letter == STOPPED and now - self._since[(pid, start)] >= PATIENCE * timeout:
+        for what, who, letter in here:
+            if letter == STOPPED and now - self._since[who] >= PATIENCE * timeout:
                 workarounds.used("stopped_peer_killed")
-                print(f"elastic_hvd: {who} has been "
-                      f"stopped for {now - self._since[(pid, start)]:.1f}s, longer than "
+                print(f"elastic_hvd: {what} has been "
+                      f"stopped for {now - self._since[who]:.1f}s, longer than "
                       f"{PATIENCE:g} x the heartbeat timeout ({timeout:g}s), and Open MPI's "
                       "detector has not evicted it (it watches no spawned process, nor the "
                       "last one of a world): killing it so that the others can go on",
                       file=sys.stderr, flush=True)
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                    killed.append(pid)
-                except OSError:
-                    pass  # it ended meanwhile
-                del self._since[(pid, start)]
+                if signals.kill(who, what):
+                    killed.append(who.pid)
+                del self._since[who]
         return killed
