@@ -14,7 +14,7 @@ import pytest
 
 from elastic_hvd.core import faults
 from elastic_hvd.core.collectives import even_splits
-from elastic_hvd.core import config, growth, process
+from elastic_hvd.core import config, growth, process, signals
 from elastic_hvd.core.stopped_peers import StoppedPeers, state_of
 from elastic_hvd.core.signature import SignaturePredictor
 from elastic_hvd.runner import launch
@@ -395,7 +395,7 @@ def test_a_given_up_call_that_spins_is_told_from_one_that_waits():
 
 class _Members:
     """What the watch of stopped members reads of a communicator: the members' original
-    ids in rank order, and each one's (host, pid)."""
+    ids in rank order, and each one's (host, identity: :class:`.signals.Identity`)."""
 
     joining = False
 
@@ -409,18 +409,22 @@ class _Members:
         return self._joiners
 
 
+def _who(proc):
+    return signals.Identity(proc.pid, signals.start_of(proc.pid))
+
+
 def _stopped(*procs):
     for proc in procs:
         os.kill(proc.pid, signal.SIGSTOP)
     deadline = time.monotonic() + 10
-    while any(state_of(p.pid)[0] != "T" for p in procs) and time.monotonic() < deadline:
+    while any(state_of(_who(p)) != "T" for p in procs) and time.monotonic() < deadline:
         time.sleep(0.01)
 
 
 def test_a_member_stopped_on_this_host_is_killed_past_the_patience_by_the_lowest_running():
     # Real processes, really stopped; the communicator is only what the watch reads.
     here = socket.gethostname()
-    assert growth._read_hello(growth._hello()) == (here, os.getpid())  # how a joiner says it
+    assert growth._read_hello(growth._hello()) == (here, signals.mine())  # how a joiner says it
     a, b, c, d, e = (subprocess.Popen(["sleep", "60"]) for _ in range(5))
     settings = config.from_environ({"ELASTIC_HVD_HEARTBEAT_PERIOD": "0.5",
                                     "ELASTIC_HVD_HEARTBEAT_TIMEOUT": "2"})
@@ -429,9 +433,9 @@ def test_a_member_stopped_on_this_host_is_killed_past_the_patience_by_the_lowest
         # Rank 0 stopped; this process, rank 1, is the lowest one running: it looks.
         # Rank 3 is stopped too, but on another host (nobody there to look: left alone).
         # A process spawned to join (not a member yet, its pid told by its hello) counts.
-        members = _Members({7: (here, a.pid), 3: (here, os.getpid()), 9: (here, c.pid),
-                            4: ("elsewhere", b.pid), 5: (here, d.pid)},
-                           joiners=[(here, e.pid), ("elsewhere", b.pid)])
+        members = _Members({7: (here, _who(a)), 3: (here, signals.mine()), 9: (here, _who(c)),
+                            4: ("elsewhere", _who(b)), 5: (here, _who(d))},
+                           joiners=[(here, _who(e)), ("elsewhere", _who(b))])
         old = process.use(process.Runtime(settings=settings, comm=members))
         try:
             watch = StoppedPeers()
@@ -439,15 +443,15 @@ def test_a_member_stopped_on_this_host_is_killed_past_the_patience_by_the_lowest
             assert watch.look(102.9) == []  # not yet 1.5 x the 2 s heartbeat timeout
             assert watch.look(103.0) == [a.pid, c.pid, e.pid]
             assert a.wait(10) == c.wait(10) == e.wait(10) == -signal.SIGKILL
-            assert state_of(b.pid)[0] == "T" and d.poll() is None
+            assert state_of(_who(b)) == "T" and d.poll() is None
             # A running process of this host ranks lower (d, rank 0): it looks, not us.
             _stopped(d)
             os.kill(d.pid, signal.SIGCONT)
             process.use(process.Runtime(settings=settings, comm=_Members(
-                {5: (here, d.pid), 3: (here, os.getpid()), 4: (here, b.pid)})))
+                {5: (here, _who(d)), 3: (here, signals.mine()), 4: (here, _who(b))})))
             watch = StoppedPeers()
             assert watch.look(100.0) == [] and watch.look(200.0) == []
-            assert state_of(b.pid)[0] == "T"
+            assert state_of(_who(b)) == "T"
         finally:
             process.use(old)
     finally:
