@@ -186,20 +186,18 @@ class ElasticCheckpoint(tf.keras.callbacks.Callback):
             return failure == ""
         self.failed_saves += 1
         limit = config.current().max_failed_saves
-        speaker = comm is None or comm.rank == 0
-        if speaker:
-            print(f"elastic_hvd: the checkpoint of epoch {resume_epoch} (save {seq}) failed: "
-                  f"{failure}; training goes on, the last committed checkpoint in "
-                  f"{self.directory} is kept ({self.failed_saves} of "
-                  f"{config.env('max_failed_saves')}={limit} failed saves in a row)",
-                  file=sys.stderr, flush=True)
-        if self.failed_saves >= limit and (comm is None or comm.below_min_np is None):
-            if speaker:
-                print(f"elastic_hvd: stopping: {self.failed_saves} checkpoint saves in a row "
-                      f"failed (the last: {failure}). The last committed checkpoint in "
-                      f"{self.directory} is kept: make room or fix the directory, then restart "
-                      f"the job to resume from it (exit status {EXIT_SAVES_FAILED}).",
-                      file=sys.stderr, flush=True)
+        stop = self.failed_saves >= limit and (comm is None or comm.below_min_np is None)
+        if comm is None or comm.rank == 0:
+            what = f"the checkpoint of epoch {resume_epoch} (save {seq}) failed: {failure}"
+            setting = f"{config.env('max_failed_saves')}={limit}"
+            print(f"elastic_hvd: stopping: {self.failed_saves} checkpoint saves in a row failed "
+                  f"({setting}), the last: {what}. The last committed checkpoint in "
+                  f"{self.directory} is kept: make room or fix the directory, then restart the "
+                  f"job to resume from it (exit status {EXIT_SAVES_FAILED})." if stop else
+                  f"elastic_hvd: {what}; training goes on, the last committed checkpoint in "
+                  f"{self.directory} is kept ({self.failed_saves} of {setting} failed saves "
+                  "in a row)", file=sys.stderr, flush=True)
+        if stop:
             runtime.exit_with(EXIT_SAVES_FAILED)
         return False
 

@@ -284,3 +284,263 @@ def test_file_names_reaching_outside_the_directory_are_refused(tmp_path):
     with pytest.raises(ValueError, match="not plain file names"):
         checkpoint.save(2)
     assert victim.read_text() == "not a checkpoint"
+
+
+# -- links, special files, other users' directories, malformed metadata (issue 41) ------
+def bounded(fn, seconds=30, memory=1 << 30):
+    """``fn()`` in a forked child whose address space may grow by ``memory`` bytes at most
+    and which is killed after ``seconds``: ``["returned", repr]``, ``["raised", type name,
+    message]`` or ``["hung"]``.  A reader that follows /dev/zero or waits on a FIFO fails
+    the test instead of taking the machine's memory or the test run's time."""
+    import resource
+    import signal
+    import time
+    readable, writable = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(readable)
+            with open("/proc/self/status") as status:
+                used = next(int(line.split()[1]) for line in status
+                            if line.startswith("VmSize")) * 1024
+            resource.setrlimit(resource.RLIMIT_AS, (used + memory, used + memory))
+            try:
+                outcome = ["returned", repr(fn())]
+            except BaseException as exc:  # noqa: BLE001 -- reported to the parent
+                outcome = ["raised", type(exc).__name__, str(exc)]
+            os.write(writable, json.dumps(outcome).encode())
+        finally:
+            os._exit(0)
+    os.close(writable)
+    deadline = time.monotonic() + seconds
+    while os.waitpid(pid, os.WNOHANG) == (0, 0):
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            os.close(readable)
+            return ["hung"]
+        time.sleep(0.02)
+    with os.fdopen(readable, "rb") as pipe:
+        return json.loads(pipe.read() or b'["died"]')
+
+
+def restore_bounded(directory):
+    """``restore()`` of a fresh model from ``directory``, run by :func:`bounded`."""
+    from keras_callbacks import ElasticCheckpoint
+    model = make_model()
+    return bounded(lambda: ElasticCheckpoint(str(directory)).restore(model))
+
+
+def test_checkpoint_files_are_private(tmp_path):
+    """Weights are the job's data: the directory it creates is 0700, every file 0600."""
+    directory = tmp_path / "ckpt"
+    saved(directory, epochs=2)
+    assert oct(directory.stat().st_mode & 0o777) == "0o700"
+    modes = {p.name: oct(p.stat().st_mode & 0o777) for p in directory.iterdir()}
+    assert len(modes) == 5 and set(modes.values()) == {"0o600"}, modes
+
+
+def test_a_link_planted_at_the_temporary_name_is_not_followed(tmp_path):
+    """The old temporary name of the metadata, ``.checkpoint.json.<name>.tmp``, could be
+    guessed: a link planted there was written through and became checkpoint.json."""
+    from keras_callbacks import ElasticCheckpoint
+    directory = tmp_path / "ckpt"
+    model = saved(directory)
+    victim = tmp_path / "victim"
+    victim.write_text("not a checkpoint")
+    for suffix in ("", "-1", "-2"):  # the names the next save (1, epoch 2) could take
+        os.symlink(victim, directory / f".checkpoint.json.ckpt-000001-e0002{suffix}.tmp")
+    checkpoint = ElasticCheckpoint(str(directory))
+    assert checkpoint.restore(make_model()) == 1
+    checkpoint.set_model(model)
+    checkpoint.save(2)
+    assert victim.read_text() == "not a checkpoint"
+    meta = directory / "checkpoint.json"
+    assert not meta.is_symlink() and meta.is_file()
+    assert checkpoint.files.entries()[0]["epoch"] == 2
+
+
+SPECIAL = ["symlink to /dev/zero", "FIFO", "directory", "symlink to a valid copy",
+           "17 MiB file"]
+
+
+def put_special(path, kind, valid):
+    """Replace ``path`` by a special file of ``kind`` (``valid``: a good copy's path)."""
+    os.remove(path)
+    if kind == "symlink to /dev/zero":
+        os.symlink("/dev/zero", path)
+    elif kind == "FIFO":
+        os.mkfifo(path)
+    elif kind == "directory":
+        os.mkdir(path)
+    elif kind == "symlink to a valid copy":
+        os.symlink(valid, path)
+    else:
+        with open(path, "wb") as f:
+            f.truncate(17 << 20)
+
+
+@pytest.mark.parametrize("kind", SPECIAL)
+def test_a_special_file_as_checkpoint_json_is_refused(tmp_path, kind):
+    directory = tmp_path / "ckpt"
+    saved(directory)
+    meta = directory / "checkpoint.json"
+    valid = tmp_path / "copy.json"
+    valid.write_bytes(meta.read_bytes())
+    put_special(meta, kind, valid)
+    outcome = restore_bounded(directory)
+    assert outcome[:2] == ["raised", "ValueError"] and outcome[2].startswith(str(meta)), outcome
+
+
+@pytest.mark.parametrize("kind", SPECIAL[:-1])
+def test_a_special_file_as_the_state_file_is_refused(tmp_path, kind):
+    """checkpoint.json's record of the size fixed (as the directory's owner could): the
+    file itself must be a regular one, not followed or waited on."""
+    directory = tmp_path / "ckpt"
+    saved(directory)
+    meta_path = directory / "checkpoint.json"
+    meta = json.loads(meta_path.read_text())
+    state = directory / meta["state"]
+    valid = tmp_path / "copy.npz"
+    valid.write_bytes(state.read_bytes())
+    put_special(state, kind, valid)
+    meta["sizes"][meta["state"]] = os.lstat(state).st_size
+    meta_path.write_text(json.dumps(meta))
+    outcome = restore_bounded(directory)
+    assert outcome[:2] == ["raised", "ValueError"] and outcome[2].startswith(str(state)), outcome
+
+
+def as_nobody(*command):
+    """Run ``command`` as the unprivileged user 65534 (another local user)."""
+    import subprocess
+    subprocess.run(["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups",
+                    *map(str, command)], check=True, timeout=30)
+
+
+@pytest.fixture
+def public():
+    """A directory every local user can reach and write, as /tmp (tmp_path is private)."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+    path = Path(tempfile.mkdtemp(prefix="elastic_hvd-test-"))
+    path.chmod(0o1777)
+    yield path
+    shutil.rmtree(path)
+
+
+def test_a_directory_of_another_user_or_writable_by_others_is_refused(tmp_path, public,
+                                                                      settings):
+    """Another user who made the directory first (a guessable path in /tmp) could read
+    the weights and plant files; so could anyone, in a directory writable by others.
+    Refused with elastic_hvd.core.safe_files.UnsafePathError, a PermissionError."""
+    from keras_callbacks import ElasticCheckpoint
+    theirs = public / "ckpt"
+    as_nobody("mkdir", theirs)
+    model = make_model()
+    checkpoint = ElasticCheckpoint(str(theirs))
+    checkpoint.set_model(model)
+    with pytest.raises(PermissionError, match="belongs to uid 65534"):
+        checkpoint.restore(model)
+    with pytest.raises(PermissionError, match="belongs to uid 65534"):
+        checkpoint.files.write(0, 1, {}, {})
+    assert os.listdir(theirs) == []
+    open_to_all = tmp_path / "open"
+    saved(open_to_all)
+    open_to_all.chmod(0o777)
+    with pytest.raises(PermissionError, match="writable by group or others"):
+        restore(open_to_all)
+    # Shared on purpose: the directory is used, and only files we own are read there.
+    settings(ELASTIC_HVD_SHARED_DIRS="1")
+    assert restore(open_to_all)[0] == 1
+    meta = open_to_all / "checkpoint.json"
+    os.chown(meta, 65534, 65534)
+    with pytest.raises(ValueError, match=f"{re.escape(str(meta))}: .*belongs to uid 65534"):
+        restore(open_to_all)
+
+
+@pytest.mark.parametrize("seq", ["x", 10 ** 300, -1, True, 1.5, None])
+def test_a_sequence_number_of_another_type_or_size_is_refused(tmp_path, seq):
+    """``"seq": "x"`` raised TypeError; ``"seq": 10**300`` gave "File name too long" at
+    every save.  Both restore and save now refuse it, naming checkpoint.json."""
+    from keras_callbacks import ElasticCheckpoint
+    model = saved(tmp_path)
+    meta_path = tmp_path / "checkpoint.json"
+    meta = json.loads(meta_path.read_text())
+    meta["seq"] = seq
+    meta_path.write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match=re.escape(str(meta_path))):
+        restore(tmp_path)
+    checkpoint = ElasticCheckpoint(str(tmp_path))
+    checkpoint.set_model(model)
+    with pytest.raises(ValueError, match=re.escape(str(meta_path))):
+        checkpoint.save(2)
+
+
+def leaves(value, path=()):
+    """Every place in a JSON value: (path of keys and indexes, value)."""
+    yield path, value
+    items = value.items() if isinstance(value, dict) else \
+        enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        yield from leaves(item, (*path, key))
+
+
+def replaced(value, path, new):
+    if not path:
+        return new
+    copy = dict(value) if isinstance(value, dict) else list(value)
+    copy[path[0]] = replaced(value[path[0]], path[1:], new)
+    return copy
+
+
+WRONG = ["x", 10 ** 300, -1, 1.5, None, [], {}, True, 2 ** 64, float("inf")]
+
+
+def test_malformed_checkpoint_json_gives_only_the_documented_error(tmp_path):
+    """Fuzz: truncations, bit flips, every value replaced by one of another type or size,
+    a 5000-digit number.  restore() either restores (a change it does not use, such as
+    the host) or raises ValueError naming a file of the directory; nothing else, no hang
+    (special files in its place: test_a_special_file_as_checkpoint_json_is_refused)."""
+    import random
+    import signal
+    import warnings
+    from keras_callbacks import ElasticCheckpoint
+    saved(tmp_path, epochs=2)
+    meta_path = tmp_path / "checkpoint.json"
+    good = meta_path.read_bytes()
+    meta = json.loads(good)
+    rng = random.Random(41)
+    cases = [good[:end] for end in range(0, len(good), 23)]
+    for _ in range(80):
+        flipped = bytearray(good)
+        flipped[rng.randrange(len(good))] ^= 1 << rng.randrange(8)
+        cases.append(bytes(flipped))
+    for path, _ in leaves(meta):
+        cases += [json.dumps(replaced(meta, path, new)).encode() for new in WRONG if path]
+    cases.append(good.replace(b'"seq": 1', b'"seq": ' + b"9" * 5000))
+    model = make_model()
+
+    def hung(*_):
+        raise TimeoutError("restore() hung")
+    previous = signal.signal(signal.SIGALRM, hung)
+    outcomes = {"restored": 0, "refused": 0}
+    try:
+        for case in cases:
+            meta_path.write_bytes(case)
+            signal.alarm(20)
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    ElasticCheckpoint(str(tmp_path)).restore(model)
+                outcomes["restored"] += 1
+            except ValueError as exc:
+                assert str(tmp_path) in str(exc), (case, exc)
+                outcomes["refused"] += 1
+            except Exception as exc:
+                raise AssertionError(f"{type(exc).__name__}: {exc} for {case!r}") from None
+            finally:
+                signal.alarm(0)
+    finally:
+        signal.signal(signal.SIGALRM, previous)
+    assert outcomes["refused"] > len(cases) // 2, outcomes
