@@ -48,17 +48,20 @@ cannot be killed by its watchdog; its heartbeats go on.
 
 import atexit
 import ctypes
+import hashlib
 import os
 import signal
 import socket
+import stat
 import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
-from . import config, mpi_env, process, workarounds
+from . import config, mpi_env, process, safe_files, workarounds
+from .errors import ElasticHvdError
 
 
 def progress() -> None:
@@ -203,48 +206,86 @@ class WaitingBoard:
     when ``$TMPDIR`` is, as the status files need), else mpirun's session directory
     on this host (plain mpirun; it goes with the job).  ``None``: no peers to tell
     (a process started without mpirun).
+
+    A word on the board kills a rank, so the board trusts nothing it did not make
+    (another user's fake file killed both ranks of a healthy job; a planted symlink
+    made ``touch`` create files where the link pointed): the directory is a
+    :func:`.safe_files.checked_dir`; this process's file has an unpredictable name,
+    is created exclusively (never through a link) and refreshed through its open
+    descriptor; and a file counts only if it is a regular file of this user whose
+    name starts with the job's id (``job``, see :meth:`job_id`; without one, this
+    process's own), so that two jobs sharing a board, or mpirun's own files in its
+    session directory, never speak for each other.
     """
 
     ENV = config.env("waiting_board")
 
-    def __init__(self, path: str | os.PathLike[str] | None) -> None:
+    def __init__(self, path: str | os.PathLike[str] | None, job: str = "") -> None:
         self.path = Path(path) if path else None
+        me = f"{socket.gethostname()}-{os.getpid()}"
+        self.prefix = f"{job or me}."
+        self._mine: IO[bytes] | None = None  # this process's file, open
+        self._mine_path = self._mine_name = ""
         if self.path is not None:
-            self.path.mkdir(parents=True, exist_ok=True)
+            what = f"waiting board ({self.ENV})"
+            self.path = Path(safe_files.checked_dir(self.path, what))
+            try:
+                self._mine, self._mine_path = safe_files.temp_file(self.path,
+                                                                   f"{self.prefix}{me}.")
+            except OSError as exc:
+                raise ElasticHvdError(f"{what} {self.path}: cannot create this process's "
+                                      f"file there ({exc.strerror or exc})") from None
+            self._mine_name = os.path.basename(self._mine_path)
+            os.utime(self._mine.fileno(), (0, 0))  # it has said nothing yet
             os.environ[self.ENV] = str(self.path)  # for the processes this one spawns
-            self._mine = self.path / f"{socket.gethostname()}-{os.getpid()}"
+
+    @staticmethod
+    def job_id(environ: Mapping[str, str] = os.environ) -> str:
+        """What every process of this job, spawned ones included, has in common: the
+        PMIx namespace of mpirun's first job (a spawned job's is ``<same>@2``...), as
+        a short hash (a name part of fixed length and characters); ``""`` without one."""
+        namespace = environ.get("PMIX_NAMESPACE", "").rsplit("@", 1)[0]
+        return hashlib.sha256(namespace.encode()).hexdigest()[:16] if namespace else ""
 
     @classmethod
     def of_job(cls, chosen: str | None = None,
                environ: Mapping[str, str] = os.environ) -> "WaitingBoard":
         """The board at ``chosen`` (the setting), else the job's (see above)."""
+        job = cls.job_id(environ)
         if chosen:
-            return cls(chosen)
+            return cls(chosen, job)
         status_dir = config.read("status_dir", environ)
         if status_dir:
-            return cls(Path(status_dir) / "waiting")
-        return cls(environ.get("PMIX_SERVER_TMPDIR"))
+            return cls(Path(status_dir) / "waiting", job)
+        return cls(environ.get("PMIX_SERVER_TMPDIR"), job)
 
     def say_waiting(self) -> None:
-        if self.path is not None:
-            self._mine.touch()
+        if self._mine is not None:
+            os.utime(self._mine.fileno())  # the file we made, whatever its name now is
 
     def others_waited_within(self, seconds: float) -> bool:
-        """Whether another process said in the last ``seconds`` that it waits."""
+        """Whether another process of this job said in the last ``seconds`` that it
+        waits (see the class doc for which files count)."""
         if self.path is None:
             return False
-        since = time.time() - seconds
-        for entry in self.path.iterdir():
-            try:
-                if entry != self._mine and entry.stat().st_mtime >= since:
+        since, me = time.time() - seconds, os.geteuid()
+        with os.scandir(self.path) as entries:
+            for entry in entries:
+                if not entry.name.startswith(self.prefix) or entry.name == self._mine_name:
+                    continue
+                try:
+                    info = entry.stat(follow_symlinks=False)
+                except OSError:  # removed meanwhile: that process has ended
+                    continue
+                if stat.S_ISREG(info.st_mode) and info.st_uid == me and info.st_mtime >= since:
                     return True
-            except OSError:  # removed meanwhile: that process has ended
-                continue
         return False
 
     def leave(self) -> None:
-        if self.path is not None:
-            self._mine.unlink(missing_ok=True)
+        if self._mine is not None:
+            self._mine.close()
+            self._mine = None
+            Path(self._mine_path).unlink(missing_ok=True)
 
 
 class Heartbeat:
@@ -267,6 +308,9 @@ class Heartbeat:
         # so that the watchdog, which reads both, never sees a count without its start.
         self._entered = self._last_progress
         self._stop = threading.Event()
+        # The board first: refused (UnsafePathError, one line), it raises before any
+        # thread of ours runs, and init() fails on every rank rather than run unwatched.
+        self._board = WaitingBoard.of_job(board) if self._stall_timeout > 0 else None
         interval = period / 10  # as Open MPI's own detector thread wakes up
         try:
             self._progress: NativeProgress | _PythonProgress = NativeProgress(interval)
@@ -279,10 +323,9 @@ class Heartbeat:
             self.native = False
         workarounds.used("paused_progress")
         self._watchdog = None
-        if self._stall_timeout > 0:
-            self._board = WaitingBoard.of_job(board)
-            self._watchdog = threading.Thread(target=self._watch, name="elastic_hvd-watchdog",
-                                              daemon=True)
+        if self._board is not None:
+            self._watchdog = threading.Thread(target=self._watch, args=(self._board,),
+                                              name="elastic_hvd-watchdog", daemon=True)
             self._watchdog.start()
         atexit.register(self.stop)
 
@@ -308,7 +351,7 @@ class Heartbeat:
         self._last_progress = time.monotonic()
 
     # -- the watchdog ---------------------------------------------------------------
-    def _watch(self) -> None:
+    def _watch(self, board: WaitingBoard) -> None:
         last_told, warned = 0.0, False
         poll = min(0.5, self._stall_timeout / 4)
         while not self._stop.wait(poll):
@@ -316,13 +359,13 @@ class Heartbeat:
             if (self._in_collective and now - self._entered > min(1.0, self._stall_timeout / 2)
                     and now - last_told >= min(1.0, self._stall_timeout / 3)):
                 last_told = now
-                self._board.say_waiting()
+                board.say_waiting()
             idle = now - self._last_progress
             if self._in_collective or idle <= self._stall_timeout:
                 warned = False
                 continue
             who = self._who()
-            if self._board.others_waited_within(3 * poll + 1.0):
+            if board.others_waited_within(3 * poll + 1.0):
                 print(f"elastic_hvd: {who} made no progress (no collective, no "
                       f"heartbeat.progress()) for {idle:.1f}s > stall timeout "
                       f"{self._stall_timeout:g}s while other ranks wait for it: assuming it "
@@ -343,7 +386,7 @@ class Heartbeat:
         if self._watchdog is not None and self._watchdog.is_alive() \
                 and threading.current_thread() is not self._watchdog:
             self._watchdog.join()
-        if self._watchdog is not None:
+        if self._board is not None:
             self._board.leave()
         self._progress.stop()
         rt = process.runtime()
