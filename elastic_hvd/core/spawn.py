@@ -5,9 +5,14 @@ behind the join wrapper, with this process's environment) and *how* the
 running ranks survive a spawn that never completes are questions of their own,
 apart from the join protocol (:mod:`.growth`) that decides when to spawn and
 what happens with the processes once they are merged.
+
+Nothing of the environment goes on the new processes' command line, which every
+local user can read (``/proc/PID/cmdline``): the environment holds the job's secret
+(:mod:`elastic_hvd.state_replica`) and whatever credentials the user's shell has.
+It travels over the merged communicator (:func:`share_environment`); the few
+variables needed before that, in the spawn's info (:func:`early_environment`).
 """
 
-import base64
 import json
 import os
 import sys
@@ -38,6 +43,9 @@ BROKEN_GRACE = 1.0
 SPIN_SAMPLE, SPIN_SHARE = 0.5, 0.05
 #: Variables of the MPI runtime: they describe the spawning process, not a joiner.
 RUNTIME_PREFIXES = ("PMIX", "PRTE", "OMPI_")
+#: Settings the join wrapper uses before it can receive the environment: its start-up
+#: deadline, and the failure detector that ``MPI_Init`` sets up (``mpi_env``).
+EARLY_SETTINGS = ("spawn_timeout", "heartbeat_period", "heartbeat_timeout")
 
 
 def spawn_timeout() -> float:
@@ -57,13 +65,41 @@ def program_argv() -> list[str]:
     return argv
 
 
-def joiner_command(extra_env: Mapping[str, str] | None = None) -> tuple[str, list[str]]:
-    """(executable, args) to spawn: the join wrapper around this program, carrying
-    this process's environment (spawned processes get mpirun's, not ours)."""
-    environ = {k: v for k, v in os.environ.items() if not k.startswith(RUNTIME_PREFIXES)}
-    environ.update(extra_env or {})
-    env = base64.b64encode(json.dumps(environ).encode()).decode()
-    return sys.executable, ["-m", "elastic_hvd.runner.join", env, *program_argv()]
+def joiner_command() -> tuple[str, list[str]]:
+    """(executable, args) to spawn: the join wrapper around this program -- and
+    nothing else of ours (see the module's docstring)."""
+    return sys.executable, ["-m", "elastic_hvd.runner.join", *program_argv()]
+
+
+def early_environment(extra_env: Mapping[str, str] | None = None) -> str:
+    """The variables a spawned process needs before ``MPI_Init``, where the rest of
+    the environment cannot reach it yet: ``extra_env`` (its fault, whether it is a
+    spare), and the :data:`EARLY_SETTINGS` set here, as parsed (short).  For the
+    spawn's info key ``PMIX_ENVAR`` (``NAME=VALUE`` lines): Open MPI puts them into
+    the new processes' environment, over mpirun's; a value may have at most
+    ``MPI_MAX_INFO_VAL`` (256) characters, too few for a whole environment."""
+    settings = config.current()
+    early = {config.env(name): repr(getattr(settings, name)) for name in EARLY_SETTINGS
+             if config.env(name) in os.environ}
+    early.update(extra_env or {})
+    return "\n".join(f"{name}={value}" for name, value in early.items())
+
+
+def share_environment(merged: Any) -> dict[str, str]:
+    """The environment of the spawning root (rank 0 of a spawn's ``merged``
+    communicator), less the MPI runtime's variables, for the processes it spawned:
+    they start with mpirun's (variables given with ``-x``, or set by the program,
+    would be missing).  Collective, right after :func:`connect_all`."""
+    data = bytearray()
+    if merged.Get_rank() == 0:
+        data += json.dumps({name: value for name, value in os.environ.items()
+                            if not name.startswith(RUNTIME_PREFIXES)}).encode()
+    size = np.array([len(data)], np.int64)
+    merged.Bcast(size, root=0)
+    buffer = np.frombuffer(data, np.uint8) if data else np.empty(int(size[0]), np.uint8)
+    merged.Bcast(buffer, root=0)
+    environ: dict[str, str] = json.loads(buffer.tobytes())
+    return environ
 
 
 def connect_all(merged: Any) -> None:
@@ -76,11 +112,15 @@ def connect_all(merged: Any) -> None:
     merged.Alltoall(np.zeros(merged.size, dtype=np.int8), np.empty(merged.size, dtype=np.int8))
 
 
-def _spawn_info(MPI: Any, hosts: Sequence[str], oversubscribe: bool | None) -> Any:
+def _spawn_info(MPI: Any, hosts: Sequence[str], oversubscribe: bool | None,
+                early: str) -> Any:
     """Where the new processes start: this directory, on ``hosts`` if given (else
-    where Open MPI puts them), oversubscribed if asked (default: as the launcher)."""
+    where Open MPI puts them), oversubscribed if asked (default: as the launcher);
+    with the ``early`` variables (:func:`early_environment`)."""
     info = MPI.Info.Create()
     info.Set("wdir", os.getcwd())
+    if early:
+        info.Set("PMIX_ENVAR", early)
     if hosts:
         info.Set("host", ",".join(hosts))
     if oversubscribe if oversubscribe is not None else config.current().oversubscribe:
@@ -154,6 +194,7 @@ class MergeCall:
             self._merge_ended = True
             self._keep(merged)
             connect_all(merged)
+            self._welcome(merged)
         except Exception as exc:  # noqa: BLE001 - any failure: the merge did not happen
             self.error = exc
             owner.revoke(self._comm)  # free the ranks still inside the call
@@ -166,6 +207,10 @@ class MergeCall:
         for comm in (merged, inter, self._comm):
             if comm is not None:
                 owner.retire(comm)
+
+    def _welcome(self, merged: Any) -> None:
+        """What the new processes get right after the merge (collective on
+        ``merged``): nothing here; see :class:`SpawnCall`."""
 
     @property
     def timeout_s(self) -> float:
@@ -304,7 +349,8 @@ def _thread_cpu_s(thread_id: int | None) -> float | None:
 
 class SpawnCall(MergeCall):
     """One spawn of ``count`` joiners (``MPI_Comm_spawn`` + merge + connect).
-    ``extra_env``: variables for the joiners' environment on top of this process's.
+    ``extra_env``: variables for the joiners' environment on top of this process's,
+    theirs from the start (:func:`early_environment`).
 
     A new process that never completes ``MPI_Init`` (seen here: one stuck in it;
     one that dies before it) leaves ``MPI_Comm_spawn`` blocked for ever in the
@@ -316,14 +362,18 @@ class SpawnCall(MergeCall):
     def __init__(self, comm: "ResilientComm", count: int, hosts: Sequence[str] = (),
                  oversubscribe: bool | None = None,
                  extra_env: Mapping[str, str] | None = None) -> None:
-        executable, args = joiner_command(extra_env)
-        info = _spawn_info(comm.MPI, hosts, oversubscribe)
+        executable, args = joiner_command()
+        early = early_environment(extra_env)
 
         def spawn(dup: Any) -> Any:
+            # Made and freed in the call's thread: freeing it here too, once the call
+            # failed, could free it twice (the thread may fail before we look).
+            info = _spawn_info(comm.MPI, hosts, oversubscribe, early)
             try:
                 return dup.Spawn(executable, args, maxprocs=count, info=info, root=0)
             finally:
                 info.Free()
         super().__init__(comm, spawn)
-        if self.error is not None:
-            info.Free()
+
+    def _welcome(self, merged: Any) -> None:
+        share_environment(merged)  # the joiners' environment (the join wrapper takes it)

@@ -1,17 +1,17 @@
 """What a process spawned into a running job runs: ``python -m elastic_hvd.runner.join
-<environment> <program...>``.
+<program...>``.
 
 The running ranks wait inside ``MPI_Comm_spawn`` until this process has merged
 with them, so it merges first -- before the program imports TensorFlow and
 builds its model, which happens while the running ranks go on training -- and
 only then runs the program, exactly as the original ranks ran it.  The merged
 communicator is handed to core (``runtime.set_parent``), whose ``init()`` makes
-this process a joiner.  The environment comes along base64-encoded: a spawned
-process gets ``mpirun``'s environment, not the spawning rank's (``-x`` variables
-would be missing).
+this process a joiner.  The spawning rank's environment comes over the merged
+communicator, before the program starts (``spawn.share_environment``; a spawned
+process starts with ``mpirun``'s, in which ``-x`` variables would be missing):
+never on the command line, which every local user can read.
 """
 
-import base64
 import contextlib
 import json
 import os
@@ -23,15 +23,16 @@ from typing import Any
 
 from elastic_hvd.core import config, faults, mpi_env, runtime
 from elastic_hvd.core.growth import leave_unjoined
-from elastic_hvd.core.spawn import connect_all, spawn_timeout
+from elastic_hvd.core.spawn import connect_all, share_environment, spawn_timeout
 
 from .program import run
 
 
 def merge_with_parent(MPI: Any) -> Any:
     """The communicator merged with the ranks that spawned this process (None if
-    nobody did), every pair of processes connected.  A process whose spawners gave
-    the spawn up meanwhile exits (``growth.leave_unjoined``)."""
+    nobody did), every pair of processes connected, their environment taken on
+    (see :func:`take_environment`).  A process whose spawners gave the spawn up
+    meanwhile exits (``growth.leave_unjoined``)."""
     intercomm = MPI.Comm.Get_parent()
     if intercomm == MPI.COMM_NULL:
         return None
@@ -43,11 +44,20 @@ def merge_with_parent(MPI: Any) -> Any:
     merged.Set_errhandler(MPI.ERRORS_RETURN)
     try:
         connect_all(merged)
+        take_environment(share_environment(merged))
     except MPI.Exception as exc:
         leave_unjoined(f"could not reach the running job ({exc.Get_error_string()})",
                        merged, intercomm)
     mpi_env.retire(intercomm)
     return merged
+
+
+def take_environment(environ: dict[str, str]) -> None:
+    """Add the spawning rank's variables to this process's environment (mpirun's and
+    the spawn's early ones win), and read the settings again from it."""
+    for name, value in environ.items():
+        os.environ.setdefault(name, value)
+    config.load()
 
 
 @contextlib.contextmanager
@@ -73,13 +83,8 @@ def start_up_deadline(seconds: float) -> Iterator[None]:
 
 
 def main() -> None:
-    environ = json.loads(base64.b64decode(sys.argv[1]))
-    program = sys.argv[2:]
-    for name, value in environ.items():  # the spawner left out the MPI runtime's own
-        os.environ.setdefault(name, value)
+    program = sys.argv[1:]
     os.environ[config.env("program")] = json.dumps(program)
-
-    # Settings are read from the environment when first used: from here on.
     with start_up_deadline(2 * spawn_timeout() + 10):  # the spawners' wait, and margin
         faults.at_joiner_start()  # a fault planned for this process (tests)
         MPI = mpi_env.load_mpi()
