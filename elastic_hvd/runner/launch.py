@@ -170,22 +170,27 @@ def build_command(args: argparse.Namespace, mpirun: str | None = None) -> list[s
         if start is None:
             raise SystemExit("elastic-hvd-run: --as-horovod needs a `python script.py` command")
         command[start:start] = ["-m", "elastic_hvd.runner.as_horovod"]
-    if start is not None:  # each rank records how its program ended (see exit_status)
+    # Each rank records how it ended (see exit_status): a Python program itself, with
+    # its exception or its crash's stack; any other command, its supervisor.
+    if start is not None:
         command[start:start] = ["-m", "elastic_hvd.runner.program"]
+    else:
+        command[:0] = [sys.executable, "-m", "elastic_hvd.runner.supervisor",
+                       config.env("status_dir")]
     return cmd + command
 
 
 def program_start(command: Sequence[str]) -> int | None:
-    """Where the program (``script.py`` or ``-m module``) starts in a ``python``
-    command, after the interpreter's options; None for other commands and ``-c``."""
+    """Where the program (``script.py``, ``-m module`` or ``-c code``) starts in a
+    ``python`` command, after the interpreter's options; None for other commands."""
     if not command or "python" not in os.path.basename(command[0]):
         return None
     i = 1
     while i < len(command):
         arg = command[i]
-        if arg == "-m" or not arg.startswith("-"):
+        if arg == "-m" or arg.startswith("-c") or not arg.startswith("-"):
             return i
-        if arg.startswith("-c") or arg == "-":
+        if arg == "-":
             return None
         i += 2 if arg in ("-W", "-X", "--check-hash-based-pycs") else 1
     return None
@@ -212,9 +217,9 @@ def session_dir_args(cmd: Iterable[str], base: str) -> list[str]:
 
 
 def read_outcomes(status_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """What the processes recorded (see :mod:`.program`), each with ``"process"``
-    (``host-pid``) and, after a fatal signal, ``"crashed"`` (its name) and
-    ``"fault_stack"``."""
+    """What the processes recorded (see :mod:`.program` and :mod:`.supervisor`), each
+    with ``"process"`` (``host-pid``) and, after a fatal signal, ``"crashed"`` (its
+    name) and ``"fault_stack"`` (a Python rank's)."""
     outcomes = []
     for path in Path(status_dir).glob("*.json"):
         try:
@@ -222,10 +227,20 @@ def read_outcomes(status_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
         except (OSError, ValueError):  # being replaced right now: read it next time
             continue
         outcome["process"] = path.stem
-        if outcome["code"] is None and not outcome.get("raised"):
+        if outcome["code"] is None and not outcome.get("raised") and not outcome.get("signal"):
             outcome["crashed"], outcome["fault_stack"] = reports.read_fault(path)
         outcomes.append(outcome)
-    return outcomes
+    return one_per_rank(outcomes)
+
+
+def one_per_rank(outcomes: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The ``outcomes`` without a supervisor's record of a rank whose program recorded
+    itself: a wrapper that started ``python -m elastic_hvd.runner.program`` as a child
+    (not by exec, which keeps the pid and so the record: see :mod:`.supervisor`)."""
+    def rank(outcome: Mapping[str, Any]) -> tuple[str, Any]:
+        return outcome["process"].rpartition("-")[0], outcome.get("world")
+    recorded = {rank(o) for o in outcomes if not o.get("supervised") and not o.get("spawned")}
+    return [o for o in outcomes if not (o.get("supervised") and rank(o) in recorded)]
 
 
 def members_done(outcomes: Iterable[Mapping[str, Any]]) -> bool:
@@ -414,7 +429,7 @@ def exit_status(code: int, outcomes: Sequence[Mapping[str, Any]]) -> tuple[int, 
     *left early* (with status 0, while the others trained on) or never joined
     (a spare or spawned process) and the others were all lost.
     """
-    if not outcomes:  # not a Python command, or no rank could write to the status directory
+    if not outcomes:  # no rank could write to the status directory (another host's)
         return code, (f"the job failed (mpirun exit status {code}); see the ranks' messages above"
                       if code else None)
     ended = [o for o in outcomes if o["code"] is not None]
@@ -428,17 +443,17 @@ def exit_status(code: int, outcomes: Sequence[Mapping[str, Any]]) -> tuple[int, 
         status = code or 1
         return status, (f"exit status {status}: no rank completed: all "
                         f"{reports.lost_words(outcomes)} (mpirun exit status {code})")
-    failed = sorted((o for o in ended if o["code"]), key=lambda o: (o["id"] is None, o["id"] or 0))
+    failed = sorted((o for o in ended if o["code"]), key=reports.order)
     if failed:
         status = failed[0]["code"]
-        which = ", ".join(f"id {'?' if o['id'] is None else o['id']}: {o['code']}" for o in failed)
+        which = ", ".join(f"{reports.short(o)}: {o['code']}" for o in failed)
         return status, (f"exit status {status}: the program exited non-zero on {len(failed)} "
                         f"of the {len(ended)} ranks that finished ({which}; "
                         f"mpirun exit status {code})")
     if not completed:
         status = code or 1
         left = [o for o in ended if o.get("left")]
-        which = ", ".join(f"id {'?' if o['id'] is None else o['id']}" for o in left)
+        which = ", ".join(reports.short(o) for o in left)
         said = [f"{len(left)} left early with status 0 ({which}) while the others trained on"
                 ] if left else []
         if len(ended) > len(left):

@@ -1,7 +1,8 @@
-"""``python -m elastic_hvd.runner.program script.py|-m module [args]``: run a program as
-``python`` would, and record how it ended, for ``elastic-hvd-run``'s exit status.
+"""``python -m elastic_hvd.runner.program script.py|-m module|-c code [args]``: run a program
+as ``python`` would, and record how it ended, for ``elastic-hvd-run``'s exit status.
 
-``elastic-hvd-run`` starts every Python rank through this module, and processes
+``elastic-hvd-run`` starts every Python rank through this module (any other command
+through :mod:`.supervisor`, which records less: an exit code or a signal), and processes
 spawned to grow the job run it too (they run the ranks' own command line, see
 :func:`elastic_hvd.core.spawn.program_argv`).  In ``$ELASTIC_HVD_STATUS_DIR`` each
 process writes ``<host>-<pid>.json``: ``{"id": null, "code": null}`` when it starts,
@@ -37,7 +38,8 @@ import runpy
 import socket
 import sys
 import traceback
-from collections.abc import Callable
+import types
+from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import Any
 
@@ -46,17 +48,34 @@ _ExceptHook = Callable[[type[BaseException], BaseException, TracebackType | None
 
 
 def run(argv: list[str]) -> None:
-    """Run ``script.py [args]`` or ``-m module [args]`` as ``python`` would."""
+    """Run ``script.py [args]``, ``-m module [args]`` or ``-c code [args]`` as ``python``
+    would."""
     if argv[:2] == ["-m", "elastic_hvd.runner.program"]:
         sys.argv = argv[1:]  # a joiner re-runs a rank's command line, which starts with us:
         return main()        # run in place (runpy would import this module a second time)
     if argv[:1] == ["-m"]:
         sys.argv = argv[1:]
         runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+    elif argv[0].startswith("-c"):  # -c code, or -ccode
+        code, args = (argv[1], argv[2:]) if argv[0] == "-c" else (argv[0][2:], argv[1:])
+        sys.argv = ["-c", *args]
+        sys.path[0] = ""
+        _run_code(code)
     else:
         sys.argv = list(argv)
         sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))
         runpy.run_path(argv[0], run_name="__main__")
+
+
+def _run_code(code: str) -> None:
+    """Run ``code`` as ``python -c`` does: in a fresh ``__main__`` (runpy has no call for
+    a string), so that it sees none of this module's names."""
+    module, saved = types.ModuleType("__main__"), sys.modules["__main__"]
+    sys.modules["__main__"] = module
+    try:
+        exec(compile(code, "<string>", "exec"), vars(module))  # noqa: S102 - it is the program
+    finally:
+        sys.modules["__main__"] = saved
 
 
 def exit_code(code: str | int | None) -> int:
@@ -64,6 +83,35 @@ def exit_code(code: str | int | None) -> int:
     if code is None:
         return 0
     return code & 0xFF if isinstance(code, int) else 1
+
+
+def write_record(path: str, record: Mapping[str, Any], replace: bool = True) -> bool:
+    """Write ``record`` to ``path`` whole or not at all (the launcher reads it at any
+    time); with ``replace`` False only if there is none yet.  Whether it was written."""
+    temporary = f"{path}.{os.getpid()}.tmp"
+    with open(temporary, "w") as f:
+        json.dump(record, f)
+    if replace:
+        os.replace(temporary, path)
+        return True
+    try:
+        os.link(temporary, path)  # fails where one exists: no window in which to lose it
+        return True
+    except FileExistsError:
+        return False
+    finally:
+        os.unlink(temporary)
+
+
+def identity() -> dict[str, Any]:
+    """Who this process is before ``init()`` (a crash may come first): mpirun's rank, and
+    whether the job spawned it (a rank of its own small world then)."""
+    return {"world": os.environ.get("OMPI_COMM_WORLD_RANK"),
+            "spawned": getattr(sys.modules["__main__"].__spec__, "name", "") == JOIN}
+
+
+#: :func:`identity` when this process started, before the program replaced ``__main__``.
+_identity: dict[str, Any] = {}
 
 
 def _record(path: str, code: int | None, left: bool = False, final: bool = False,
@@ -74,16 +122,9 @@ def _record(path: str, code: int | None, left: bool = False, final: bool = False
         rank = comm and comm.rank
     except Exception:  # noqa: BLE001 - a program may have freed its communicator by now
         rank = None
-    with open(path + ".tmp", "w") as f:
-        json.dump({"id": comm and comm.original_id, "rank": rank, "code": code,
-                   "members": comm and list(comm.ids), "left": left, "final": final,
-                   "aborted": aborted, "broken": broken,
-                   # Who it is before init() (a crash may come first): mpirun's rank, and
-                   # whether the job spawned it (a rank of its own small world then).
-                   "world": os.environ.get("OMPI_COMM_WORLD_RANK"),
-                   "spawned": getattr(sys.modules["__main__"].__spec__, "name", "") == JOIN,
-                   **raised}, f)
-    os.replace(path + ".tmp", path)
+    write_record(path, {"id": comm and comm.original_id, "rank": rank, "code": code,
+                        "members": comm and list(comm.ids), "left": left, "final": final,
+                        "aborted": aborted, "broken": broken, **_identity, **raised})
 
 
 #: The wrapper of a process spawned into the job, which runs this one in place.
@@ -125,7 +166,9 @@ def _ended(path: str, code: int) -> None:
 
 def main() -> None:
     if len(sys.argv) < 2:
-        raise SystemExit("usage: python -m elastic_hvd.runner.program script.py|-m module [args]")
+        raise SystemExit(
+            "usage: python -m elastic_hvd.runner.program script.py|-m module|-c code [args]")
+    _identity.update(identity())
     from elastic_hvd.core import config  # imports the core, without MPI (init() starts it)
     directory = config.read("status_dir") or ""
     path = os.path.isdir(directory) and os.path.join(  # not on a host that lacks it

@@ -9,8 +9,8 @@ the first traceback in full and every other failure *from the same place* in one
 line, and the job's summary counts raised, crashed and killed processes.
 """
 
-import sys
 import os
+import sys
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -30,6 +30,21 @@ def who(outcome: Mapping[str, Any]) -> str:
     if outcome.get("rank") == outcome["id"]:
         return f"rank {outcome['rank']}"
     return f"rank {outcome['rank']} (original id {outcome['id']})"
+
+
+def short(outcome: Mapping[str, Any]) -> str:
+    """``id 2``, or ``world rank 2`` for a process that recorded no id (lost before
+    ``init()``, or a command that is not a Python program: see ``.supervisor``)."""
+    if outcome.get("id") is not None:
+        return f"id {outcome['id']}"
+    return "id ?" if outcome.get("world") is None else f"world rank {outcome['world']}"
+
+
+def order(outcome: Mapping[str, Any]) -> tuple[bool, int]:
+    """Sort key: lowest original id first, then those without one by world rank."""
+    if outcome.get("id") is not None:
+        return False, outcome["id"]
+    return True, int(outcome.get("world") or 0)
 
 
 def how_lost(outcome: Mapping[str, Any]) -> str:
@@ -94,9 +109,6 @@ class Reporter:
         rank) first.  Across calls the order is the order the records arrived in."""
         fresh = [o for o in outcomes if o.get("code") is None and how_lost(o) != "killed"
                  and o["process"] not in self._told]
-        def order(o: Mapping[str, Any]) -> tuple[bool, Any]:
-            known = o.get("id") is not None
-            return (not known, o["id"] if known else o.get("world") or 0)
         for outcome in sorted(fresh, key=order):
             self._told.add(outcome["process"])
             self.write(self._report(outcome))
@@ -109,8 +121,9 @@ class Reporter:
         else:
             text = outcome["crashed"]
             place = ("crashed", text, outcome.get("fault_stack", ""))
-            full = (f"crashed ({text}) and left the job; its Python stack:\n"
-                    f"{outcome.get('fault_stack', '')}\n")
+            stack = outcome.get("fault_stack")  # none from a command that is not Python
+            full = (f"crashed ({text}) and left the job; its Python stack:\n{stack}\n"
+                    if stack else f"crashed ({text}) and left the job\n")
         first, first_text = self._places.setdefault(place, (who(outcome), text))
         if first == who(outcome):
             return f"elastic-hvd-run: {who(outcome)} {full}"
