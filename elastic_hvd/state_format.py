@@ -35,6 +35,7 @@ import math
 import os
 import re
 import struct
+import sys
 import zipfile
 import zlib
 from typing import IO, Any, cast
@@ -99,10 +100,10 @@ def dumps(state: Any) -> bytes:
 def load(path: str | os.PathLike[str]) -> Any:
     """The state in the file at ``path`` (``FileNotFoundError`` if there is none).
 
-    Only a regular file is read: its own size bounds what reading it costs; a
-    symlink, FIFO, device or directory is refused with :class:`StateFileError`."""
+    Only a regular file is read (a symlink, FIFO, device or directory is refused with
+    :class:`StateFileError`), of any size: its own bytes bound what reading it costs."""
     try:
-        file = open_regular(path, max_bytes=2**63 - 1)
+        file = open_regular(path, max_bytes=sys.maxsize)
     except UnsafePathError as exc:
         raise StateFileError(path, str(exc).removeprefix(f"{path}: ")) from None
     with file:
@@ -147,6 +148,7 @@ def _data(value: Any, where: str, arrays: list[np.ndarray]) -> Any:
 
 
 def _read(file: io.BufferedIOBase, source: str | os.PathLike[str]) -> Any:
+    """The state in ``file``; whatever keeps it from being one, a StateFileError."""
     try:
         head = file.read(4)
         if head != b"PK\x03\x04":
@@ -155,11 +157,11 @@ def _read(file: io.BufferedIOBase, source: str | os.PathLike[str]) -> Any:
         size = file.seek(0, os.SEEK_END)
         with zipfile.ZipFile(file) as archive:  # reads the directory only
             members = _members(archive.infolist(), size)
-        structure = _structure(_member_bytes(file, members.pop(STRUCTURE), size))
+        structure = _structure(file, members.pop(STRUCTURE), size)
         arrays = {int(name[:-4]): _array(file, info, size) for name, info in members.items()}
         state = _rebuild(structure["state"], arrays)
         if arrays:
-            raise ValueError(f"member {min(arrays)}.npy is no array of {STRUCTURE}")
+            raise ValueError(f"member {min(arrays)}.npy is named by no placeholder of {STRUCTURE}")
         return state
     except (ValueError, EOFError, OSError, KeyError, TypeError, RecursionError, struct.error,
             NotImplementedError, zipfile.BadZipFile) as exc:
@@ -174,7 +176,8 @@ def _members(infos: list[zipfile.ZipInfo], size: int) -> dict[str, zipfile.ZipIn
     for info in infos:
         name = info.filename
         if name != STRUCTURE and not _MEMBER.fullmatch(name):
-            raise ValueError(f"a member {name[:80]!r}: a {KIND} has {STRUCTURE} and <n>.npy")
+            raise ValueError(f"a member {name[:80]!r}: a training state's members are "
+                             f"{STRUCTURE} and <n>.npy")
         if name in members:
             raise ValueError(f"member {name} appears twice")
         if info.compress_type != zipfile.ZIP_STORED or info.compress_size != info.file_size:
@@ -193,7 +196,7 @@ def _members(infos: list[zipfile.ZipInfo], size: int) -> dict[str, zipfile.ZipIn
 def _start(file: io.BufferedIOBase, info: zipfile.ZipInfo, size: int) -> int:
     """Where the bytes of member ``info`` start (``file`` is left there)."""
     file.seek(info.header_offset)
-    signature, name_length, extra_length = _LOCAL_HEADER.unpack(_exactly(file, 30))
+    signature, name_length, extra_length = _LOCAL_HEADER.unpack(_exactly(file, _LOCAL_HEADER.size))
     if signature != b"PK\x03\x04" or _exactly(file, name_length) != info.filename.encode():
         raise ValueError(f"member {info.filename}: its local header does not match the directory")
     start = info.header_offset + _LOCAL_HEADER.size + name_length + extra_length
@@ -215,17 +218,14 @@ def _check_crc(info: zipfile.ZipInfo, crc: int) -> None:
         raise ValueError(f"member {info.filename}: its bytes do not match their CRC")
 
 
-def _member_bytes(file: io.BufferedIOBase, info: zipfile.ZipInfo, size: int) -> bytes:
+def _structure(file: io.BufferedIOBase, info: zipfile.ZipInfo, size: int) -> dict[str, Any]:
+    """The parsed ``state.json`` (member ``info``), checked before it is parsed."""
     if info.file_size > MAX_STRUCTURE_BYTES:
-        raise ValueError(f"{info.filename} has {info.file_size} bytes, more than the "
+        raise ValueError(f"{STRUCTURE} has {info.file_size} bytes, more than the "
                          f"{MAX_STRUCTURE_BYTES} it may have")
     _start(file, info, size)
-    data = _exactly(file, info.file_size)
-    _check_crc(info, zlib.crc32(data))
-    return data
-
-
-def _structure(text: bytes) -> dict[str, Any]:
+    text = _exactly(file, info.file_size)
+    _check_crc(info, zlib.crc32(text))
     if _depth(text) > MAX_DEPTH:
         raise ValueError(f"{STRUCTURE} nests deeper than {MAX_DEPTH} levels")
     structure = json.loads(text)

@@ -13,6 +13,7 @@ import json
 import os
 import pickle
 import random
+import re
 import struct
 import subprocess
 import sys
@@ -114,7 +115,7 @@ def _with_structure(blob: bytes, structure: Any) -> bytes:
     return _zip({**_members(blob), "state.json": json.dumps(structure).encode()})
 
 
-def _npy(descr: str, shape: Any, data: bytes = b"", fortran: Any = False,
+def _npy(descr: Any, shape: Any, data: bytes = b"", fortran: Any = False,
          header: str | None = None, version: bytes = b"\1\0") -> bytes:
     text = header or f"{{'descr': {descr!r}, 'fortran_order': {fortran!r}, 'shape': {shape!r}, }}"
     text += " " * (-(len(text) + 11) % 64) + "\n"
@@ -127,7 +128,29 @@ def _placeholder(shape: list[int], dtype: str) -> dict[str, Any]:
             "state": {"a": {"__ndarray__": 0, "shape": shape, "dtype": dtype}}}
 
 
-def test_truncations_bit_flips_and_other_formats_are_refused(tmp_path):
+def _garbled(blob: bytes, rng: random.Random) -> tuple[str, bytes]:
+    """``blob`` with 1 to 3 bits flipped, or 1 to 8 bytes overwritten (random, 0, 255)."""
+    garbled = bytearray(blob)
+    if rng.random() < 0.6:
+        bits = [rng.randrange(8 * len(blob)) for _ in range(rng.randint(1, 3))]
+        for bit in bits:
+            garbled[bit // 8] ^= 1 << bit % 8
+        return f"bits {bits} flipped", bytes(garbled)
+    at, n = rng.randrange(len(blob)), rng.randint(1, 8)
+    garbled[at:at + n] = rng.choice([rng.randbytes(n), b"\0" * n, b"\xff" * n])
+    return f"bytes {at}..{at + n} overwritten", bytes(garbled[:len(blob)])
+
+
+def _plain_npz() -> bytes:
+    """What ``np.savez`` writes: no state.json."""
+    buffer = io.BytesIO()
+    np.savez(buffer, a=np.arange(3.0))
+    return buffer.getvalue()
+
+
+def test_truncated_garbled_and_other_formats_are_refused(tmp_path):
+    """Three states cut at every offset (every 7th for two), garbled 500 times each
+    (seeded), and inputs that are no state at all."""
     def cases() -> Iterator[tuple[str, bytes, Any]]:
         rng = random.Random(41)
         for n, state in enumerate(_states()):
@@ -135,25 +158,17 @@ def test_truncations_bit_flips_and_other_formats_are_refused(tmp_path):
             yield f"state {n} whole", blob, state
             for end in range(0, len(blob), 1 if n == 0 else 7):
                 yield f"state {n} cut at {end}", blob[:end], state
-            for _ in range(300):
-                flipped = bytearray(blob)
-                bit = rng.randrange(8 * len(blob))
-                flipped[bit // 8] ^= 1 << bit % 8
-                yield f"state {n} bit {bit} flipped", bytes(flipped), state
+            for _ in range(500):
+                how, garbled = _garbled(blob, rng)
+                yield f"state {n} {how}", garbled, state
         state = _states()[0]
         yield "empty", b"", None
         yield "a pickle", pickle.dumps(state), None
         yield "zip magic only", b"PK\x03\x04", None
         yield "an empty zip", _zip({}), None
         yield "random bytes after zip magic", b"PK\x03\x04" + rng.randbytes(3000), None
-        yield "a plain .npz", _members_as_npz(), None
+        yield "a plain .npz", _plain_npz(), None
     _check(cases(), tmp_path)
-
-
-def _members_as_npz() -> bytes:
-    buffer = io.BytesIO()
-    np.savez(buffer, a=np.arange(3.0))
-    return buffer.getvalue()
 
 
 def test_wrong_types_in_state_json_are_refused(tmp_path):
@@ -204,8 +219,8 @@ def test_npy_headers_that_do_not_describe_their_bytes_are_refused(tmp_path):
                 ("negative", "<f8", [-1], _npy("<f8", (-1,), data)),
                 ("objects", "object", [4], _npy("|O", (4,), data)),
                 ("zero-size items", "void0", [1 << 60], _npy("|V0", (1 << 60,), data)),
-                ("structured", "void8", [4], _npy([("a", "<f8")], (4,), data)),  # type: ignore
-                ("subarray", "float64", [4], _npy(("<f8", (1,)), (4,), data)),  # type: ignore
+                ("structured", "void8", [4], _npy([("a", "<f8")], (4,), data)),
+                ("subarray", "float64", [4], _npy(("<f8", (1,)), (4,), data)),
                 ("fortran not a bool", "float64", [4], _npy("<f8", (4,), data, fortran="yes")),
                 ("a header the parser runs out of memory on", "float64", [4],
                  _npy("<f8", (4,), data, header="{'descr': " + "-" * 9000 + "1}")),
@@ -261,6 +276,7 @@ def _overlapping(links: int, size: int) -> tuple[bytes, int]:
 
 
 def test_members_other_than_those_dump_writes_are_refused(tmp_path):
+    """Names, members missing or extra, compressed, encrypted, twice, overlapping."""
     def cases() -> Iterator[tuple[str, bytes, Any]]:
         state = _states()[0]
         blob = state_format.dumps(state)
@@ -278,10 +294,9 @@ def test_members_other_than_those_dump_writes_are_refused(tmp_path):
         yield "an array no placeholder names", _zip({**members, "9.npy": members["0.npy"]}), None
         yield "compressed members", _zip(members, zipfile.ZIP_DEFLATED), None
         encrypted = bytearray(blob)
-        for signature, at in ((b"PK\x03\x04", 6), (b"PK\x01\x02", 8)):
-            start = 0
-            while (start := encrypted.find(signature, start) + 1) > 0:
-                encrypted[start - 1 + at] |= 1
+        for signature, flags in ((b"PK\x03\x04", 6), (b"PK\x01\x02", 8)):  # local, central
+            for entry in re.finditer(re.escape(signature), blob):
+                encrypted[entry.start() + flags] |= 1  # bit 0 of the flags: encrypted
         yield "encrypted members", bytes(encrypted), None
         duplicated = io.BytesIO(blob)
         with zipfile.ZipFile(duplicated, "a") as archive, pytest.warns(UserWarning):
