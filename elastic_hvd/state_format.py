@@ -313,8 +313,9 @@ def _rebuild(value: Any, arrays: dict[int, np.ndarray]) -> Any:
         kind = np.sctypeDict.get(dtype)  # a name only: np.dtype(str) parses
         target = np.dtype(kind) if kind is not None else array.dtype
         if target.name != dtype or not _storable(target) or target.itemsize != array.itemsize:
-            raise ValueError(f"array {index}: {dtype[:40]!r} names no dtype of its "
-                             f"{array.itemsize}-byte items")
+            raise ValueError(f"array {index}: {dtype[:40]!r} names no dtype of "
+                             f"{array.itemsize}-byte items known here (bfloat16 and float8 "
+                             "need ml_dtypes, which TensorFlow imports)")
         array = array.view(target)
     if array.dtype.name != dtype or list(array.shape) != shape:
         raise ValueError(f"array {index} is {array.dtype.name}{list(array.shape)}, "
