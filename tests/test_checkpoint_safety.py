@@ -361,7 +361,7 @@ def test_a_link_planted_at_the_temporary_name_is_not_followed(tmp_path):
 
 
 SPECIAL = ["symlink to /dev/zero", "FIFO", "directory", "symlink to a valid copy",
-           "17 MiB file"]
+           "17 MiB of JSON"]
 
 
 def put_special(path, kind, valid):
@@ -375,9 +375,9 @@ def put_special(path, kind, valid):
         os.mkdir(path)
     elif kind == "symlink to a valid copy":
         os.symlink(valid, path)
-    else:
+    else:  # valid JSON, but past the cap: nothing real is that large
         with open(path, "wb") as f:
-            f.truncate(17 << 20)
+            f.write(open(valid, "rb").read().ljust(17 << 20))
 
 
 @pytest.mark.parametrize("kind", SPECIAL)
@@ -459,7 +459,8 @@ def test_a_directory_of_another_user_or_writable_by_others_is_refused(tmp_path, 
         restore(open_to_all)
 
 
-@pytest.mark.parametrize("seq", ["x", 10 ** 300, -1, True, 1.5, None])
+@pytest.mark.parametrize("seq", ["x", 10 ** 300, -1, True, 1.5, None],
+                         ids=["x", "10**300", "-1", "true", "1.5", "null"])
 def test_a_sequence_number_of_another_type_or_size_is_refused(tmp_path, seq):
     """``"seq": "x"`` raised TypeError; ``"seq": 10**300`` gave "File name too long" at
     every save.  Both restore and save now refuse it, naming checkpoint.json."""
