@@ -69,13 +69,14 @@ def test_only_fresh_regular_files_of_this_user_and_job_count(top, monkeypatch):
     me = WaitingBoard.of_job(str(board), {"PMIX_NAMESPACE": "prterun-hostA-4242@1"})
     # A process spawned into the job has a namespace of its own: the same job all the same.
     assert me.prefix == f"{WaitingBoard.job_id({'PMIX_NAMESPACE': 'prterun-hostA-4242@2'})}."
-    assert me.prefix != f"{WaitingBoard.job_id({'PMIX_NAMESPACE': 'prterun-hostA-4243@1'})}."
+    other_job = WaitingBoard.job_id({"PMIX_NAMESPACE": "prterun-hostA-4243@1"})
+    assert me.prefix != f"{other_job}."
     [mine] = os.listdir(board)
     assert mine.startswith(me.prefix) and (board / mine).stat().st_mode & 0o777 == 0o600
     me.say_waiting()
     assert not me.others_waited_within(5)  # its own word only
     subprocess.run([*AS_NOBODY, "touch", str(board / f"{me.prefix}stranger")], check=True)
-    (board / "another-job.hostB-1").touch()
+    (board / f"{other_job}.hostB-1").touch()  # ours, fresh, another job's
     (board / f"{me.prefix}link").symlink_to(board / mine)  # fresh, ours, but a link
     os.mkfifo(board / f"{me.prefix}fifo")
     assert not me.others_waited_within(5)
@@ -198,4 +199,13 @@ def test_a_board_others_may_write_is_refused_on_every_rank_under_plain_mpirun(to
     refused_at_init(said, started, "is writable by group or others (mode 777): refused")
     assert said.count("UnsafePathError: waiting board") == 2, said  # each rank says it
     assert proc.returncode != 0 and list(tmp_path.glob("rank*.json")) == [], said
+    assert list(board.iterdir()) == []
+
+
+@pytest.mark.multirank
+def test_without_a_stall_timeout_there_is_no_board_to_refuse(top, tmp_path):
+    board = shared_board(top, 0o777)
+    job = run_job("liveness.py", "none", -1, 0, np=2, env={"ELASTIC_HVD_WAITING_BOARD": board},
+                  tmp_path=tmp_path, timeout=90)
+    assert sorted(job.results) == [0, 1] and "waiting board" not in job.output, job.output
     assert list(board.iterdir()) == []
