@@ -271,18 +271,19 @@ def test_a_process_that_never_joined_completes_nothing_and_ends_nothing():
 def test_waiting_board_hears_others_recent_words_not_its_own(tmp_path, monkeypatch):
     from elastic_hvd.core.heartbeat import WaitingBoard
     monkeypatch.setattr(os, "environ", dict(os.environ))  # the board sets a variable
-    board = WaitingBoard.of_job(environ={"ELASTIC_HVD_STATUS_DIR": str(tmp_path)})
+    board = WaitingBoard.of_job(environ={"ELASTIC_HVD_STATUS_DIR": str(tmp_path),
+                                         "PMIX_NAMESPACE": "prterun-hostA-1@1"})
     assert board.path == tmp_path / "waiting"
     assert os.environ[WaitingBoard.ENV] == str(board.path)  # what spawned processes use
     board.say_waiting()
     assert not board.others_waited_within(5)  # its own word only
-    other = board.path / "hostB-4242"
+    other = board.path / f"{board.prefix}hostB-4242"
     other.touch()
     assert board.others_waited_within(5)
     os.utime(other, (0, os.path.getmtime(other) - 10))  # said 10 s ago
     assert not board.others_waited_within(5)
     board.leave()
-    assert sorted(p.name for p in board.path.iterdir()) == ["hostB-4242"]
+    assert sorted(p.name for p in board.path.iterdir()) == [other.name]
     assert not WaitingBoard.of_job(environ={}).others_waited_within(5)  # no mpirun: no peers
 
 

@@ -54,7 +54,8 @@ SETTINGS = (
     Setting("waiting_board", "ELASTIC_HVD_WAITING_BOARD", str, None, None,
             "directory where ranks tell the stall watchdog that they wait (default: the "
             "launcher's status directory, or mpirun's session directory on each host; with "
-            "plain mpirun on several hosts, one every host shares)"),
+            "plain mpirun on several hosts, one every host shares: yours and not writable by "
+            "group or others, or set ELASTIC_HVD_SHARED_DIRS=1)"),
     Setting("mismatch_timeout", "ELASTIC_HVD_MISMATCH_TIMEOUT", float, 5.0, 0.0,
             "seconds a rank whose collective differs from the predicted one waits"),
     Setting("finalize_deadline", "ELASTIC_HVD_FINALIZE_DEADLINE", float, 15.0, 0.0,
