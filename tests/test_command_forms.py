@@ -36,10 +36,10 @@ FORMS = {
     "script": ["python", str(WORKER)],
     "module": ["python", "-m", "tests.workers.command_forms"],
     "code": ["python", "-c", WORKER.read_text()],
-    "wrapper_exec": [str(WRAPPER), "exec"],
+    "wrapper_exec": [str(WRAPPER), "exec", str(WORKER)],
     # A wrapper that starts Python through elastic_hvd.runner.program as its child:
     # the rank is recorded twice (by the supervisor, by the program), counted once.
-    "wrapper_child": [str(WRAPPER), "child"],
+    "wrapper_child": [str(WRAPPER), "child", str(WORKER)],
     "not_python": ["sh", "-c", SHELL, "sh"],
 }
 #: case: (the launcher's exit status, the start of its one line after "exit status N: ",
@@ -93,6 +93,29 @@ def test_every_command_form_gets_the_ranks_exit_status(tmp_path, form, case):
     else:
         assert len(said) == 1 and said[0].startswith(
             f"elastic-hvd-run: exit status {status}: {line}"), (said, job.output[-3000:])
+
+
+@pytest.mark.multirank
+@pytest.mark.xfail(strict=True, reason="needs spawn.program_argv to start every joiner through "
+                   "elastic_hvd.runner.program (issue 41: asked of the lead)")
+def test_a_wrapper_jobs_replacements_record_their_end(tmp_path):
+    # A wrapper script's ranks run under the supervisor; the processes spawned to
+    # replace them run the rank's Python command (not the wrapper).  Both original ranks
+    # are lost, replacements (ids 2, 3) finish the training: the job completed, and only
+    # the replacements' own records can say so.
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    cmd = [sys.executable, "-m", "elastic_hvd.runner.launch", "-np", "2", "--respawn",
+           "--faults", "rank=0,step=10;rank=1,step=60", "--mpi-args=--oversubscribe",
+           "-x", "ELASTIC_HVD_OVERSUBSCRIBE=1", "-x", "ELASTIC_HVD_SPAWN_TIMEOUT=20",
+           "-x", f"TEST_OUT_DIR={out_dir}", "-x", f"TEST_PYTHON={sys.executable}",
+           str(WRAPPER), "exec", str(WORKERS / "growth_scenarios.py"), "120"]
+    # The replacements import the worker's helpers with mpirun's environment.
+    path = os.pathsep.join(filter(None, (os.environ.get("PYTHONPATH"), str(WORKERS))))
+    job = _run(cmd, {"PYTHONPATH": path}, out_dir, 120, None, None)
+    assert sorted(job.results) == [2, 3], job.output[-3000:]
+    assert job.returncode == 0, (summary(job.output), job.output[-3000:])
+    assert not any("no rank completed" in line for line in summary(job.output)), job.output
 
 
 @pytest.mark.parametrize("command, wrapped", [
