@@ -4,6 +4,7 @@ of states, and where the keeper listens."""
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -218,6 +219,22 @@ def test_too_many_connections_at_once_are_refused_and_a_rank_waits_its_turn(keep
     assert got == [([1], b"step one")]  # it retried until the keeper had room
 
 
+def test_a_connection_that_trickles_its_proof_is_cut_off(keeper, capfd):
+    """A byte every half second never ends a read's timeout; the proof's deadline does."""
+    with socket.create_connection(address(keeper.environ()), timeout=20) as sock:
+        sock.recv(state_replica.CHALLENGE_BYTES, socket.MSG_WAITALL)
+        started = time.monotonic()
+        try:
+            for _ in range(state_replica.PROOF_BYTES - 1):
+                sock.sendall(b"p")
+                time.sleep(0.5)
+        except OSError:
+            pass
+        cut = time.monotonic() - started
+    assert cut < state_replica.PROOF_TIMEOUT + 2, f"still connected after {cut:.1f} s"
+    assert "it did not prove it holds this job's secret" in capfd.readouterr().err
+
+
 def test_a_flood_of_refusals_says_a_few_lines_not_one_each(keeper, capfd):
     for _ in range(50):
         with socket.create_connection(address(keeper.environ()), timeout=10) as sock:
@@ -244,6 +261,17 @@ def test_a_job_on_this_host_only_is_served_on_loopback_only():
     assert job_hosts("-np", "2", environ={"SLURM_JOB_NODELIST": "node[1-4]"}) is None
     assert job_hosts("-np", "2", "--host-discovery-script", "./hosts.sh") is None
     assert job_hosts("-np", "2", "--mpi-args", "--hostfile /tmp/hosts") is None
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not (shutil.which("unshare") and shutil.which("ip")),
+                    reason="a private network namespace needs root, unshare and ip")
+def test_a_job_on_other_hosts_is_served_on_the_interface_that_reaches_them():
+    # tests/hosts/netns.sh: this host is 10.77.0.1 on simhost0, its peers 10.77.0.0/24.
+    code = ("from elastic_hvd import state_replica as s; "
+            "print(s.listen_address(['10.77.0.2']), s.listen_address(['localhost', '10.77.0.9']))")
+    out = subprocess.run([str(Path(__file__).parent / "hosts" / "netns.sh"), sys.executable,
+                          "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.split() == ["10.77.0.1", "10.77.0.1"], out.stderr
 
 
 @pytest.mark.multirank
