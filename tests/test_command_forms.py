@@ -8,6 +8,7 @@ Real 2-rank jobs through the real launcher, real signals; then the supervisor
 (``elastic_hvd.runner.supervisor``) alone, as the MPI daemon starts it.
 """
 
+import io
 import json
 import os
 import signal
@@ -19,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from elastic_hvd.core import config
-from elastic_hvd.runner import launch
+from elastic_hvd.runner import launch, reports
 from mpijob import WORKERS, _run
 
 WORKER = WORKERS / "command_forms.py"
@@ -129,6 +130,28 @@ def test_every_command_is_recorded_by_one_wrapper(command, wrapped):
     assert [m for m in modules if m.startswith("elastic_hvd.runner.")] == \
         [f"elastic_hvd.runner.{wrapped}"], cmd
     assert cmd[-1] == command[-1], cmd
+
+
+def test_a_crash_at_one_place_is_reported_once_whatever_the_form():
+    # A Python rank's stack names its thread, whose id differs in every process; a
+    # supervised rank has no stack.  Either way the second one is said in one line.
+    out = io.StringIO()
+    reporter = reports.Reporter(out=out)
+
+    def crashed(world, stack):
+        return {"process": f"h-{world}", "id": None, "world": str(world), "code": None,
+                "crashed": "Aborted", "fault_stack": stack}
+
+    reporter.news([crashed(i, f"Current thread 0x{i:016x} (most recent call first):\n"
+                              '  File "a.py", line 4 in <module>') for i in (0, 1)])
+    reporter.news([crashed(i, "") for i in (2, 3)])
+    assert out.getvalue() == (
+        "elastic-hvd-run: world rank 0 crashed (Aborted) and left the job; its Python stack:\n"
+        "Current thread 0x0000000000000000 (most recent call first):\n"
+        '  File "a.py", line 4 in <module>\n'
+        "elastic-hvd-run: world rank 1 crashed the same at the same place as world rank 0\n"
+        "elastic-hvd-run: world rank 2 crashed (Aborted) and left the job\n"
+        "elastic-hvd-run: world rank 3 crashed the same at the same place as world rank 2\n")
 
 
 # The supervisor alone, started as Open MPI's daemon starts a rank: in a process group

@@ -120,8 +120,10 @@ class Reporter:
             full = f"raised an uncaught exception and left the job:\n{outcome.get('traceback', '')}"
         else:
             text = outcome["crashed"]
-            place = ("crashed", text, outcome.get("fault_stack", ""))
-            stack = outcome.get("fault_stack")  # none from a command that is not Python
+            stack = outcome.get("fault_stack", "")  # none from a command that is not Python
+            # The same place in each process, but not the same thread id (its header).
+            place = ("crashed", text, tuple(line for line in stack.splitlines()
+                                            if not line.startswith("Current thread ")))
             full = (f"crashed ({text}) and left the job; its Python stack:\n{stack}\n"
                     if stack else f"crashed ({text}) and left the job\n")
         first, first_text = self._places.setdefault(place, (who(outcome), text))
