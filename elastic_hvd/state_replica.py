@@ -95,6 +95,14 @@ def _read_exact(sock: socket.socket, count: int, deadline: float | None = None) 
     return buf
 
 
+def _send_payload(sock: socket.socket, payload: bytes | bytearray) -> None:
+    """``sendall`` in pieces: its timeout bounds the whole call, and a state of gigabytes
+    may take longer than ``TIMEOUT`` to cross a network that never stalls."""
+    view = memoryview(payload)
+    for start in range(0, len(view), 1 << 20):
+        sock.sendall(view[start:start + (1 << 20)])
+
+
 def _send_head(sock: socket.socket, secret: bytes, challenge: bytes, label: bytes,
                head: Mapping[str, Any], payload: bytes | bytearray = b"",
                digest: str | None = None) -> None:
@@ -131,7 +139,8 @@ def _read_head(sock: socket.socket, secret: bytes, challenge: bytes, label: byte
 
 def _read_payload(sock: socket.socket, head: Mapping[str, Any]) -> bytearray:
     payload = _read_exact(sock, head["bytes"])
-    if not hmac.compare_digest(hashlib.sha256(payload).hexdigest(), head["sha256"]):
+    if not hmac.compare_digest(hashlib.sha256(payload).hexdigest().encode(),
+                               head["sha256"].encode()):
         raise Refused("a payload that does not match the digest of its header (changed on "
                       "the way?)")
     return payload
@@ -187,8 +196,7 @@ class Keeper:
         bind = listen_address(None) if host is None else host
         family = socket.AF_INET6 if ":" in bind else socket.AF_INET
         self._server = socket.create_server((bind, 0), family=family, backlog=MAX_CONNECTIONS)
-        # Every interface: the ranks find this host by its name.
-        self.host = bind or socket.gethostname()
+        self.host = bind or socket.gethostname()  # on every interface: found by name
         self.port = self._server.getsockname()[1]
         threading.Thread(target=self._serve, name="elastic_hvd-replica", daemon=True).start()
 
@@ -210,7 +218,8 @@ class Keeper:
                 return
             with self._lock:
                 busy = self._open >= MAX_CONNECTIONS
-                self._open += not busy
+                if not busy:
+                    self._open += 1
             if busy:
                 conn.close()
                 self._refusals.note(peer, f"more than {MAX_CONNECTIONS} connections at once")
@@ -247,7 +256,7 @@ class Keeper:
                     position, blob, digest = self.position, self.blob, self._digest
                 _send_head(conn, self.secret, challenge, b"reply", {"position": position},
                            blob or b"", digest)  # checked when the state came in
-                conn.sendall(blob or b"")
+                _send_payload(conn, blob or b"")
                 return None
             try:
                 head = _read_head(conn, self.secret, challenge, b"put", self.limit)
@@ -256,7 +265,7 @@ class Keeper:
                 payload = _read_payload(conn, head)
             except Refused as exc:
                 _send_head(conn, self.secret, challenge, b"reply", {"ok": False, "why": str(exc)})
-                return f"{exc}, from a process with the job's secret"
+                return f"{exc}, after a valid proof of the job's secret"
             with self._lock:
                 kept = self.position is None or position >= self.position
                 if kept:
@@ -385,13 +394,16 @@ def _request(verb: bytes, environ: Mapping[str, str], head: Mapping[str, Any] | 
         if verb == GET:
             reply = _read_head(sock, secret, challenge, b"reply", 1 << 62)
             return reply, bytes(_read_payload(sock, reply))
-        _send_head(sock, secret, challenge, b"put", head or {}, payload)
-        for step in (b"", payload):  # the payload goes only where it is taken
-            sock.sendall(step)
+
+        def answer() -> dict[str, Any]:
             reply = _read_head(sock, secret, challenge, b"reply", 0)
             if not reply.get("ok"):
                 raise Refused(f"the launcher refused the state: {reply.get('why')}")
-        return reply, b""
+            return reply
+        _send_head(sock, secret, challenge, b"put", head or {}, payload)
+        answer()  # the header is taken: only then the payload goes
+        _send_payload(sock, payload)
+        return answer(), b""
 
 
 def put(position: Iterable[int], blob: bytes, environ: Mapping[str, str] = os.environ) -> None:

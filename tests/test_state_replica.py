@@ -43,6 +43,12 @@ def test_the_jobs_processes_store_and_read_the_newest_state(keeper):
     assert keeper.refused == 0
 
 
+def test_a_state_of_many_megabytes_goes_and_comes_back_whole(keeper):
+    env, blob = keeper.environ(), os.urandom(3 << 24)  # sent and read in pieces
+    state_replica.put([2, 1], blob, env)
+    assert state_replica.get(env) == ([2, 1], blob)
+
+
 def test_a_stranger_is_refused_and_the_refusal_logged(keeper, capfd):
     env = keeper.environ()
     state_replica.put([3], b"secret weights", env)
