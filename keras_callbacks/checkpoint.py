@@ -117,6 +117,8 @@ class ElasticCheckpoint(tf.keras.callbacks.Callback):
         self.epoch = 0
         self.saves = 0  # saves so far, counted on every rank: the next one's sequence number
         self.failed_saves = 0  # saves that failed since the last committed one (every rank)
+        #: Whether the latest ``save()`` committed its checkpoint (on every rank alike).
+        self.last_saved = False
         #: After ``restore()`` found a checkpoint: what was resumed, as an event-log record.
         self.resumed: dict[str, Any] | None = None
         self._sending = None  # the thread sending the state to the launcher, if any
@@ -165,10 +167,10 @@ class ElasticCheckpoint(tf.keras.callbacks.Callback):
     def _training_state(self, model: Any) -> TrainingState:
         return TrainingState(model, sampler=self.sampler)
 
-    def save(self, resume_epoch: int) -> bool:
+    def save(self, resume_epoch: int) -> None:
         """Called on every rank (it counts the save); the lowest live rank writes.
         ``resume_epoch`` is where to restart (the sampler's position resumes it if it
-        is that epoch's, mid-way).  Returns whether the checkpoint was committed.
+        is that epoch's, mid-way).  ``last_saved`` tells whether it was committed.
 
         Every rank learns the outcome from the writer (one broadcast), so all count
         failed saves alike and stop together (EXIT_SAVES_FAILED) -- except while too
@@ -180,17 +182,20 @@ class ElasticCheckpoint(tf.keras.callbacks.Callback):
         failure = self._write(seq, resume_epoch) if comm is None or comm.rank == 0 else None
         if comm is not None and comm.below_min_np is None:
             failure = comm.broadcast_object(failure)  # the writer's, or None if it was lost
-        if failure == "":
+        self.last_saved = failure == ""
+        if self.last_saved:
             self.failed_saves = 0
         if not failure:
-            return failure == ""
+            return
         self.failed_saves += 1
         limit = config.current().max_failed_saves
-        stop = self.failed_saves >= limit and (comm is None or comm.below_min_np is None)
+        final = comm is not None and comm.below_min_np is not None  # the job stops anyway
+        stop = self.failed_saves >= limit and not final
         if comm is None or comm.rank == 0:
             what = f"the checkpoint of epoch {resume_epoch} (save {seq}) failed: {failure}"
             setting = f"{config.env('max_failed_saves')}={limit}"
-            print(f"elastic_hvd: stopping: {self.failed_saves} checkpoint saves in a row failed "
+            print(f"elastic_hvd: {what}" if final else
+                  f"elastic_hvd: stopping: {self.failed_saves} checkpoint saves in a row failed "
                   f"({setting}), the last: {what}. The last committed checkpoint in "
                   f"{self.directory} is kept: make room or fix the directory, then restart the "
                   f"job to resume from it (exit status {EXIT_SAVES_FAILED})." if stop else
@@ -199,7 +204,6 @@ class ElasticCheckpoint(tf.keras.callbacks.Callback):
                   "in a row)", file=sys.stderr, flush=True)
         if stop:
             runtime.exit_with(EXIT_SAVES_FAILED)
-        return False
 
     def _write(self, seq: int, resume_epoch: int) -> str:
         """Write the checkpoint: "" if it was committed, else why not (one line).
@@ -303,11 +307,11 @@ class ElasticCheckpoint(tf.keras.callbacks.Callback):
             below_min = runtime.current().below_min_np
             if below_min is None:
                 raise
-            saved = self.save(self.epoch)
+            self.save(self.epoch)
             if runtime.current().rank == 0:
                 print(f"elastic_hvd: stopping: {below_min}. " + (
                     f"Final checkpoint written to {self.directory}; restart the job to resume "
-                    f"at epoch {self.epoch + 1}." if saved else
+                    f"at epoch {self.epoch + 1}." if self.last_saved else
                     "The final checkpoint failed (said above): restart the job to resume from "
                     f"the last committed one in {self.directory}."), file=sys.stderr, flush=True)
             runtime.exit_with(EXIT_BELOW_MIN_NP)

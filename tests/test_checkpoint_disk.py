@@ -91,12 +91,14 @@ def test_failed_saves_keep_the_committed_checkpoint_then_stop(tmp_path, fault, c
     with tmpfs(tmp_path / "ckpt") as directory:
         checkpoint = ElasticCheckpoint(str(directory))
         checkpoint.set_model(model)
-        assert checkpoint.save(1) is not False
+        checkpoint.save(1)
+        assert checkpoint.last_saved
         committed = committed_hashes(directory)
         FAULTS[fault](directory)
         present = sorted(os.listdir(directory))
         for seq in (1, 2):
-            assert checkpoint.save(seq + 1) is False
+            checkpoint.save(seq + 1)
+            assert not checkpoint.last_saved
             err = capfd.readouterr().err
             assert f"the checkpoint of epoch {seq + 1} (save {seq}) failed: " in err, err
             assert REASONS[fault] in err and f"{seq} of ELASTIC_HVD_MAX_FAILED_SAVES=3" in err
@@ -116,7 +118,8 @@ def test_failed_saves_keep_the_committed_checkpoint_then_stop(tmp_path, fault, c
         else:
             subprocess.run(["mount", "-o", "remount,rw", str(directory)], check=True)
         checkpoint.failed_saves = 2
-        assert checkpoint.save(5) is not False and checkpoint.failed_saves == 0
+        checkpoint.save(5)
+        assert checkpoint.last_saved and checkpoint.failed_saves == 0
         assert checkpoint.files.entries()[0]["epoch"] == 5
     config.load()
 
