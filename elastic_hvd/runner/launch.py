@@ -28,7 +28,7 @@ from types import FrameType
 from typing import Any
 
 from .. import state_replica
-from ..core import config, workarounds
+from ..core import config, signals, workarounds
 from ..core.freshness import ANOMALY_EXIT_STATUS
 from ..core.procfs import stat_fields
 from . import relaunch, reports
@@ -299,14 +299,16 @@ def end_strays(status_dir: str) -> list[str]:
         who, _, pid = path.stem.rpartition("-")
         if who != host or process_state(int(pid)) in ("", "Z", "X"):
             continue
+        start = signals.start_of(pid)  # read before the check: the kill refuses any other
         try:
             with open(f"/proc/{pid}/environ", "rb") as f:
                 if mark not in f.read().split(b"\0"):
                     continue
-            os.kill(int(pid), signal.SIGKILL)
         except OSError:  # gone meanwhile
             continue
-        ended.append(path.stem)
+        if start is not None and signals.kill(signals.Identity(int(pid), start),
+                                              f"process {path.stem}"):
+            ended.append(path.stem)
     return ended
 
 
