@@ -366,8 +366,8 @@ class SpawnCall(MergeCall):
         early = early_environment(extra_env)
 
         def spawn(dup: Any) -> Any:
-            # Made and freed in the call's thread: freeing it here too, once the call
-            # failed, could free it twice (the thread may fail before we look).
+            # Made and freed by the call's thread alone: freed also by __init__ once
+            # the call had failed, it was freed twice when the thread failed first.
             info = _spawn_info(comm.MPI, hosts, oversubscribe, early)
             try:
                 return dup.Spawn(executable, args, maxprocs=count, info=info, root=0)
