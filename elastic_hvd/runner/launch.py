@@ -526,7 +526,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         print(f"elastic-hvd-run: {exc}", file=sys.stderr)
         return 2
-    keeper = state_replica.Keeper()
+    keeper = state_replica.Keeper(state_replica.listen_address(state_replica.job_hosts(args)))
     os.environ.update(keeper.environ())  # passed on by name: a secret stays off command lines
     relaunches = 0
     while True:
