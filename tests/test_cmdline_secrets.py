@@ -1,5 +1,6 @@
 """No secret on a command line (issue 41, finding 2): ``/proc/PID/cmdline`` is readable
-by every local user, ``/proc/PID/environ`` only by the process's owner.
+by every local user, ``/proc/PID/environ`` only by the process's owner (checked as
+uid 65534 when the tests run as root).
 
 A job grows (a respawn, a spare refill) while a watcher reads the command line of
 every process of the job -- the launcher's whole process tree (mpirun, the ranks,
@@ -17,6 +18,7 @@ import json
 import os
 import secrets
 import shutil
+import subprocess
 import time
 
 import pytest
@@ -27,6 +29,7 @@ from test_growth import grown
 pytestmark = pytest.mark.multirank
 
 SECRET_ENV = "ELASTIC_HVD_JOB_SECRET"
+AS_NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
 HEARTBEAT = ["--heartbeat-period", "0.5", "--heartbeat-timeout", "7"]
 
 
@@ -53,6 +56,12 @@ def leaks(argv, values):
     return found
 
 
+def read_as_another_user(path):
+    """What uid 65534 reads of ``path`` (None if refused)."""
+    done = subprocess.run([*AS_NOBODY, "cat", path], capture_output=True, timeout=10)
+    return done.stdout if done.returncode == 0 else None
+
+
 def scan_when_spawned(seen):
     """A watcher: once a spawned process has written what it sees of its environment,
     read every command line of the job into ``seen``, then let that process go on."""
@@ -69,6 +78,9 @@ def scan_when_spawned(seen):
                               for e in proc_entries(pid, "environ")
                               if e.startswith(SECRET_ENV.encode() + b"="))
         seen["cmdlines"] = {pid: proc_entries(pid, "cmdline") for pid in pids}
+        if os.geteuid() == 0:  # what another local user reads of the spawned process
+            seen["as_another_user"] = {what: read_as_another_user(
+                f"/proc/{seen['spawned']['pid']}/{what}") for what in ("cmdline", "environ")}
         (out / "scanned").touch()
     return watch
 
@@ -110,6 +122,9 @@ def test_no_secret_and_no_environment_on_any_command_line(tmp_path, launcher, fa
     if hosts:
         daemons = [argv for argv in cmdlines.values() if argv[0].endswith(b"prted")]
         assert len(daemons) >= 3, [b" ".join(argv)[:300] for argv in daemons]  # one a host
+    if "as_another_user" in seen:  # its command line, not its environment
+        assert seen["as_another_user"] == {"cmdline": b"\0".join(cmdlines[spawned["pid"]]),
+                                           "environ": None}
     values = {"the job's secret": seen["secret"], "MY_CLOUD_TOKEN": token.encode()}
     found = {pid: leaks(argv, values) for pid, argv in cmdlines.items()}
     assert not any(found.values()), {pid: f for pid, f in found.items() if f}
