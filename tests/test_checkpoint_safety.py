@@ -8,6 +8,16 @@ who owns the directory would), as a state file checkpoint.json names anew, as
 the launcher's copy of the state -- and check that restore refuses it naming the
 file, or passes it by, and that the marker never appears.  Truncated or garbled
 files give an error naming the file.  One process, no MPI.
+
+Nothing another local user plants is followed or trusted (issue 41): a link at the
+old, guessable temporary name of the metadata; a symlink (to /dev/zero or to a
+valid copy), FIFO, directory or oversized file in place of checkpoint.json or of
+the state file (read in a forked child with capped memory and a deadline, so that
+the old code's endless read or wait fails the test instead of the machine); a
+directory of another user (uid 65534, via setpriv) or writable by others.  Files
+are 0600 in a 0700 directory.  A fuzz of checkpoint.json (truncations, bit flips,
+values of every other type, huge numbers) gives restore() or the documented
+ValueError, nothing else.
 """
 
 import json
