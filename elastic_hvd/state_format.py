@@ -97,13 +97,14 @@ def dumps(state: Any) -> bytes:
     return buffer.getvalue()
 
 
-def load(path: str | os.PathLike[str]) -> Any:
+def load(path: str | os.PathLike[str], max_bytes: int = sys.maxsize, owned: bool = False) -> Any:
     """The state in the file at ``path`` (``FileNotFoundError`` if there is none).
 
     Only a regular file is read (a symlink, FIFO, device or directory is refused with
-    :class:`StateFileError`), of any size: its own bytes bound what reading it costs."""
+    :class:`StateFileError`), of at most ``max_bytes`` (its own bytes bound what reading
+    it costs), and, if ``owned``, only one of this user (see ``safe_files``)."""
     try:
-        file = open_regular(path, max_bytes=sys.maxsize)
+        file = open_regular(path, max_bytes, owned)
     except UnsafePathError as exc:
         raise StateFileError(path, str(exc).removeprefix(f"{path}: ")) from None
     with file:

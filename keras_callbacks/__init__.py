@@ -12,7 +12,7 @@
 * :func:`fit_elastic` — ``model.fit`` for elastic datasets (one ``fit`` per epoch).
 """
 
-from .checkpoint import EXIT_BELOW_MIN_NP, ElasticCheckpoint
+from .checkpoint import EXIT_BELOW_MIN_NP, EXIT_SAVES_FAILED, ElasticCheckpoint
 from .event_log import MembershipEventLog
 from .faults import FaultInjection
 from .fit import fit_elastic
@@ -21,4 +21,5 @@ from .lr import LearningRateRescaler
 from .progress import RankZeroProgbar
 
 __all__ = ["LearningRateRescaler", "MembershipEventLog", "ElasticCheckpoint", "RankZeroProgbar",
-           "FaultInjection", "ElasticGrowth", "fit_elastic", "EXIT_BELOW_MIN_NP"]
+           "FaultInjection", "ElasticGrowth", "fit_elastic", "EXIT_BELOW_MIN_NP",
+           "EXIT_SAVES_FAILED"]

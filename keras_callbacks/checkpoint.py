@@ -85,8 +85,8 @@ def _read_state(path: str, size: int, owned: bool) -> Any:
             f"elastic_hvd reads it only with {UNPICKLE_ENV}=1. Set it for one restore if you "
             "wrote this checkpoint yourself: the next save writes the state as data"))
     try:
-        if not pickled:
-            return state_format.loads(safe_files.read_regular(path, size, owned), path)
+        if not pickled:  # read from the file, not from a copy of it in memory
+            return state_format.load(path, size, owned)
         f = safe_files.open_regular(path, size, owned)
     except OSError as exc:  # replaced since it was checked (a link, a FIFO), or gone
         raise state_format.StateFileError(path, str(exc).removeprefix(f"{path}: ")) from None
