@@ -69,8 +69,10 @@ def parser() -> argparse.ArgumentParser:
                         "keras_callbacks.ElasticGrowth or GrowthPolicy.step)")
     p.add_argument("--spares", type=int, default=0, metavar="K",
                    help="start K more processes as hot spares: ready to train, outside the "
-                        "job's collectives, each replaces a lost rank at the next step "
-                        "boundary (needs a growth point, as --respawn)")
+                        "job's collectives, each replaces a lost rank: at the next step "
+                        "boundary in a script with a growth point (hvd.fit, ElasticGrowth, "
+                        "hvd.elastic.run), at the next epoch's start in a plain Horovod Keras "
+                        "script (its BroadcastGlobalVariablesCallback adopts it)")
     p.add_argument("--max-np", type=int,
                    help="add ranks while training, up to this many, when the host source "
                         "(--host-discovery-script, or a --hostfile that may change) offers slots")
