@@ -97,8 +97,6 @@ def test_every_command_form_gets_the_ranks_exit_status(tmp_path, form, case):
 
 
 @pytest.mark.multirank
-@pytest.mark.xfail(strict=True, reason="needs spawn.program_argv to start every joiner through "
-                   "elastic_hvd.runner.program (issue 41: asked of the lead)")
 def test_a_wrapper_jobs_replacements_record_their_end(tmp_path):
     # A wrapper script's ranks run under the supervisor; the processes spawned to
     # replace them run the rank's Python command (not the wrapper).  Both original ranks

@@ -54,14 +54,20 @@ def spawn_timeout() -> float:
     return config.current().spawn_timeout
 
 
+#: The wrapper that records how a process ends, for elastic-hvd-run's exit status.
+PROGRAM = ["-m", "elastic_hvd.runner.program"]
+
+
 def program_argv() -> list[str]:
     """The command line that started this program, for joiners to run it too."""
     saved = config.read("program")
     if saved:
         return json.loads(saved)
     argv = list(sys.orig_argv[1:])
-    while argv and argv[0].startswith("-") and argv[0] != "-m":
+    while argv and argv[0].startswith("-") and argv[0] != "-m" and not argv[0].startswith("-c"):
         argv.pop(0)  # interpreter options (-u, -O...)
+    if argv[:2] != [*PROGRAM]:  # every joiner records how it ends (see runner/program.py),
+        argv[:0] = PROGRAM      # also one of a rank that the launcher's supervisor ran
     return argv
 
 
