@@ -175,6 +175,24 @@ def run_job(worker, *args, np=4, timeout=120, faults=None, launcher=(), env=None
     return _run(cmd, launcher_env or {}, out_dir, timeout, expect_rc, watcher)
 
 
+def run_plain_mpirun(np, env, command, timeout=90):
+    """``(exit status, output)`` of ``command`` on ``np`` ranks under plain ``mpirun
+    --with-ft ulfm`` (``env``: exported with ``-x``); a hang fails the test."""
+    from elastic_hvd.runner.launch import find_mpirun
+    cmd = [find_mpirun(), "-np", str(np), "--with-ft", "ulfm", "--allow-run-as-root",
+           *(arg for name, value in env.items() for arg in ("-x", f"{name}={value}")),
+           *map(str, command)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"plain mpirun hung for {timeout}s: {' '.join(cmd)}")
+    finally:
+        kill_tree(proc)
+    return proc.returncode, output
+
+
 def run_process(worker, *args, tmp_path, timeout=120, expect_rc=0):
     """Run ``tests/workers/<worker>`` as one plain process, without mpirun: its
     ``init()`` makes a one-rank MPI job of it (a singleton)."""

@@ -10,34 +10,25 @@ is real: uid 65534 through ``setpriv`` (the tests run as root, as CI does).
 import contextlib
 import os
 import re
-import shutil
 import signal
 import socket
 import stat
 import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
 
 import pytest
 
 from elastic_hvd.core.heartbeat import WaitingBoard
-from elastic_hvd.runner.launch import find_mpirun
-from mpijob import WORKERS, job_ranks, run_job
+from mpijob import WORKERS, job_ranks, run_job, run_plain_mpirun
+from second_user import AS_NOBODY, as_nobody, needs_root, reachable_dir
 
-NOBODY = 65534
-AS_NOBODY = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"]
-as_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as a second user")
 
 
 @pytest.fixture
 def top():
-    """A directory the second user can reach (pytest's are private to root)."""
-    path = Path(tempfile.mkdtemp(prefix="board_safety-"))
-    path.chmod(0o755)
-    yield path
-    shutil.rmtree(path)
+    with reachable_dir("board_safety-") as path:
+        yield path
 
 
 def shared_board(top, mode, name="board"):
@@ -61,7 +52,7 @@ def refused_at_init(output, started, why):
 
 # -- which files count (one process, no MPI) -------------------------------------------
 
-@as_root
+@needs_root
 def test_only_fresh_regular_files_of_this_user_and_job_count(top, monkeypatch):
     monkeypatch.setenv(WaitingBoard.ENV, "")  # the board sets it: restored after the test
     monkeypatch.setenv("ELASTIC_HVD_SHARED_DIRS", "1")
@@ -75,7 +66,7 @@ def test_only_fresh_regular_files_of_this_user_and_job_count(top, monkeypatch):
     assert mine.startswith(me.prefix) and (board / mine).stat().st_mode & 0o777 == 0o600
     me.say_waiting()
     assert not me.others_waited_within(5)  # its own word only
-    subprocess.run([*AS_NOBODY, "touch", str(board / f"{me.prefix}stranger")], check=True)
+    as_nobody("touch", board / f"{me.prefix}stranger")
     (board / f"{other_job}.hostB-1").touch()  # ours, fresh, another job's
     (board / f"{me.prefix}link").symlink_to(board / mine)  # fresh, ours, but a link
     os.mkfifo(board / f"{me.prefix}fifo")
@@ -91,7 +82,7 @@ def test_only_fresh_regular_files_of_this_user_and_job_count(top, monkeypatch):
 # -- real jobs ----------------------------------------------------------------------------
 
 @pytest.mark.multirank
-@as_root
+@needs_root
 def test_a_strangers_fresh_files_on_a_shared_board_kill_no_rank(top, tmp_path):
     # Both ranks compute for 6 s without progress, longer than the stall timeout; nobody
     # waits, so nobody may be killed.  Meanwhile the second user keeps a file "fake"
@@ -119,7 +110,7 @@ def test_a_strangers_fresh_files_on_a_shared_board_kill_no_rank(top, tmp_path):
 
 
 @pytest.mark.multirank
-@as_root
+@needs_root
 def test_a_link_planted_at_a_ranks_board_file_is_not_written_through(top, tmp_path):
     # A board others may write without the sticky bit (shared, intended).  As the ranks
     # start, the second user plants a link at each one's board file name (<host>-<pid>
@@ -167,10 +158,10 @@ def test_a_hung_process_spawned_into_the_job_hears_the_ranks_that_wait_for_it(tm
 
 
 @pytest.mark.multirank
-@as_root
+@needs_root
 def test_a_board_another_user_owns_is_refused_on_every_rank(top, tmp_path):
     board = shared_board(top, 0o1777, "public") / "board"  # as /tmp is
-    subprocess.run([*AS_NOBODY, "mkdir", "-m", "755", str(board)], check=True)
+    as_nobody("mkdir", "-m", "755", board)
     started = time.monotonic()
     job = run_job("liveness.py", "none", -1, 0, np=2, launcher=["--stall-timeout", "2"],
                   env={"ELASTIC_HVD_WAITING_BOARD": board}, tmp_path=tmp_path, timeout=90,
@@ -185,20 +176,13 @@ def test_a_board_another_user_owns_is_refused_on_every_rank(top, tmp_path):
 @pytest.mark.multirank
 def test_a_board_others_may_write_is_refused_on_every_rank_under_plain_mpirun(top, tmp_path):
     board = shared_board(top, 0o777)
-    cmd = [find_mpirun(), "-np", "2", "--with-ft", "ulfm", "--allow-run-as-root",
-           "-x", f"ELASTIC_HVD_WAITING_BOARD={board}", "-x", "ELASTIC_HVD_STALL_TIMEOUT=2",
-           "-x", f"TEST_OUT_DIR={tmp_path}", sys.executable, str(WORKERS / "liveness.py"),
-           "none", "-1", "0"]
     started = time.monotonic()
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=90,
-                              start_new_session=True)
-    except subprocess.TimeoutExpired as exc:
-        pytest.fail(f"plain mpirun hung: {exc.output}")
-    said = proc.stdout + proc.stderr
+    returncode, said = run_plain_mpirun(
+        2, {"ELASTIC_HVD_WAITING_BOARD": board, "ELASTIC_HVD_STALL_TIMEOUT": 2,
+            "TEST_OUT_DIR": tmp_path}, [sys.executable, WORKERS / "liveness.py", "none", "-1", "0"])
     refused_at_init(said, started, "is writable by group or others (mode 777): refused")
     assert said.count("UnsafePathError: waiting board") == 2, said  # each rank says it
-    assert proc.returncode != 0 and list(tmp_path.glob("rank*.json")) == [], said
+    assert returncode != 0 and list(tmp_path.glob("rank*.json")) == [], said
     assert list(board.iterdir()) == []
 
 

@@ -29,6 +29,8 @@ import zipfile
 import numpy as np
 import pytest
 
+from second_user import as_nobody, reachable_dir
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 OPT_IN = "ELASTIC_HVD_UNPICKLE_CHECKPOINTS"
@@ -420,23 +422,11 @@ def test_a_special_file_as_the_state_file_is_refused(tmp_path, kind):
     assert outcome[:2] == ["raised", "ValueError"] and outcome[2].startswith(str(state)), outcome
 
 
-def as_nobody(*command):
-    """Run ``command`` as the unprivileged user 65534 (another local user)."""
-    import subprocess
-    subprocess.run(["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups",
-                    *map(str, command)], check=True, timeout=30)
-
-
 @pytest.fixture
 def public():
     """A directory every local user can reach and write, as /tmp (tmp_path is private)."""
-    import shutil
-    import tempfile
-    from pathlib import Path
-    path = Path(tempfile.mkdtemp(prefix="elastic_hvd-test-"))
-    path.chmod(0o1777)
-    yield path
-    shutil.rmtree(path)
+    with reachable_dir("elastic_hvd-test-", 0o1777) as path:
+        yield path
 
 
 def test_a_directory_of_another_user_or_writable_by_others_is_refused(tmp_path, public,

@@ -24,12 +24,12 @@ import time
 import pytest
 
 from mpijob import _descendants, job_processes, proc_entries, run_job
+from second_user import AS_NOBODY
 from test_growth import grown
 
 pytestmark = pytest.mark.multirank
 
 SECRET_ENV = "ELASTIC_HVD_JOB_SECRET"
-AS_NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
 HEARTBEAT = ["--heartbeat-period", "0.5", "--heartbeat-timeout", "7"]
 
 

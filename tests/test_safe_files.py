@@ -1,42 +1,23 @@
 """core/safe_files.py: what another local user leaves in the job's way is refused, not used.
 
-The second user is real: uid 65534 through ``setpriv`` (the tests run as root, as CI
-does; skipped otherwise).
+The second user is real (tests/second_user.py).
 """
 
 import os
-import shutil
 import stat
-import subprocess
-import tempfile
 import threading
-from pathlib import Path
 
 import pytest
 
 from elastic_hvd.core import safe_files
 from elastic_hvd.core.safe_files import UnsafePathError
-
-NOBODY = 65534
-as_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as a second user")
-
-
-def as_nobody(*command):
-    subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
-                    *command], check=True, timeout=30)
-
+from second_user import as_nobody, needs_root, reachable_dir
 
 @pytest.fixture
 def sticky():
-    """A world-writable sticky directory, as /tmp is, that the second user can reach
-    (pytest's own temporary directories are private to root)."""
-    top = Path(tempfile.mkdtemp(prefix="safe_files-"))
-    top.chmod(0o755)
-    path = top / "shared"
-    path.mkdir()
-    path.chmod(0o1777)
-    yield path
-    shutil.rmtree(top)
+    """A world-writable sticky directory, as /tmp is, that the second user can reach."""
+    with reachable_dir("safe_files-", 0o1777) as path:
+        yield path
 
 
 def test_a_directory_it_creates_is_private(tmp_path):
@@ -44,7 +25,7 @@ def test_a_directory_it_creates_is_private(tmp_path):
     assert stat.S_IMODE(os.stat(made).st_mode) == 0o700
 
 
-@as_root
+@needs_root
 def test_a_directory_another_user_made_first_is_refused(sticky):
     as_nobody("mkdir", "-m", "700", str(sticky / "board"))
     with pytest.raises(UnsafePathError, match=r"^the board .*/board belongs to uid 65534, not "
@@ -101,7 +82,7 @@ def _attempt(path):
         return exc
 
 
-@as_root
+@needs_root
 def test_a_file_of_another_user_is_refused_where_owned_is_asked(sticky):
     as_nobody("sh", "-c", f"echo planted > {sticky / 'board-file'}")
     assert safe_files.read_regular(sticky / "board-file", 100) == b"planted\n"

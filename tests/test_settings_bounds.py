@@ -13,8 +13,7 @@ import sys
 import pytest
 
 from elastic_hvd.core import config
-from elastic_hvd.runner.launch import find_mpirun
-from mpijob import WORKERS
+from mpijob import WORKERS, run_plain_mpirun
 
 BY_KIND = {kind: [s for s in config.SETTINGS if s.kind is kind and not s.internal]
            for kind in (float, int, bool, str)}
@@ -89,14 +88,7 @@ def test_the_launcher_refuses_an_infinite_deadline_before_anything_starts(tmp_pa
 def test_a_nan_heartbeat_stops_every_rank_at_init_under_plain_mpirun():
     # Before: every rank aborted inside init() ("I have been reported dead by someone
     # else") and mpirun exited 0.
-    cmd = [find_mpirun(), "-np", "2", "--with-ft", "ulfm", "--allow-run-as-root",
-           "-x", "ELASTIC_HVD_HEARTBEAT_PERIOD=nan", sys.executable,
-           str(WORKERS / "exit_status.py"), "ok"]
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=90,
-                              start_new_session=True)
-    except subprocess.TimeoutExpired as exc:
-        pytest.fail(f"plain mpirun hung: {exc.output}")
-    said = proc.stdout + proc.stderr
-    assert proc.returncode != 0, said
+    returncode, said = run_plain_mpirun(2, {"ELASTIC_HVD_HEARTBEAT_PERIOD": "nan"},
+                                        [sys.executable, WORKERS / "exit_status.py", "ok"])
+    assert returncode != 0, said
     assert said.count("ELASTIC_HVD_HEARTBEAT_PERIOD='nan': must be a finite number") == 2, said
