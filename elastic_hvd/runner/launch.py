@@ -9,9 +9,11 @@ ranks than cores; everything else goes through mpirun's own mechanisms (``-H``,
 """
 
 import argparse
+import copy
 import importlib.metadata
 import json
 import os
+import re
 import select
 import shlex
 import signal
@@ -22,7 +24,7 @@ import sysconfig
 import tempfile
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Container, Iterable, Mapping, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -62,31 +64,31 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("-H", "--hosts",
                    help="host:slots,host:slots,... (as horovodrun / mpirun --host)")
     p.add_argument("--hostfile", help="mpirun hostfile")
-    p.add_argument("--min-np", type=int, help="fewest ranks the job may continue with")
+    p.add_argument("--min-np", help="fewest ranks the job may continue with")
     p.add_argument("--respawn", action="store_true",
                    help="replace lost ranks with new processes, back up to -np, while training "
                         "goes on; with --spares, also spawn spares that refill the pool (needs "
                         "keras_callbacks.ElasticGrowth or GrowthPolicy.step)")
-    p.add_argument("--spares", type=int, default=0, metavar="K",
+    p.add_argument("--spares", metavar="K",
                    help="start K more processes as hot spares: ready to train, outside the "
                         "job's collectives, each replaces a lost rank: at the next step "
                         "boundary in a script with a growth point (hvd.fit, ElasticGrowth, "
                         "hvd.elastic.run), at the next epoch's start in a plain Horovod Keras "
                         "script (its BroadcastGlobalVariablesCallback adopts it)")
-    p.add_argument("--max-np", type=int,
+    p.add_argument("--max-np",
                    help="add ranks while training, up to this many, when the host source "
                         "(--host-discovery-script, or a --hostfile that may change) offers slots")
     p.add_argument("--host-discovery-script", metavar="SCRIPT",
                    help="prints the available hosts, one `host:slots` per line (horovodrun's "
                         "format); run every --discovery-interval seconds")
-    p.add_argument("--discovery-interval", type=float, help="seconds between discoveries (5)")
-    p.add_argument("--heartbeat-period", type=float,
+    p.add_argument("--discovery-interval", help="seconds between discoveries (5)")
+    p.add_argument("--heartbeat-period",
                    help="seconds between failure-detector heartbeats (default 1.0)")
-    p.add_argument("--heartbeat-timeout", type=float,
+    p.add_argument("--heartbeat-timeout",
                    help="seconds of silence before a frozen rank is declared dead (default "
                         "10; heartbeats need no GIL, so busy ranks keep beating; fast hang "
                         "detection: --heartbeat-period 0.5 --heartbeat-timeout 2)")
-    p.add_argument("--stall-timeout", type=float,
+    p.add_argument("--stall-timeout",
                    help="a rank that makes no progress (no collective, no "
                         "elastic_hvd.core.heartbeat.progress() call) for this many seconds "
                         "while other ranks wait for it kills itself, so that a deadlocked "
@@ -109,20 +111,146 @@ def parser() -> argparse.ArgumentParser:
                    help="run an unchanged Horovod script: `import horovod...` gives elastic_hvd")
     p.add_argument("--no-ft", action="store_true",
                    help="run without fault tolerance (for comparisons only)")
-    p.add_argument("--dry-run", action="store_true", help="print the mpirun command and exit")
+    p.add_argument("--dry-run", action="store_true",
+                   help="check the flags and settings, print the mpirun command and exit")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the program to run on every rank")
     return p
 
 
-def build_command(args: argparse.Namespace, mpirun: str | None = None) -> list[str]:
-    """The mpirun command line for ``args`` (a parsed namespace)."""
-    if not args.command:
-        raise SystemExit("elastic-hvd-run: no command given (e.g. `python train.py`)")
+#: The flags that set one of the ranks' settings (the flag's dest is the setting's name):
+#: they reach the ranks as its variable, as a ``-x`` would, and :func:`checked` holds
+#: them to the same rules.
+SETTING_FLAGS = {"min_np": "--min-np", "spares": "--spares", "max_np": "--max-np",
+                 "discovery_interval": "--discovery-interval",
+                 "heartbeat_period": "--heartbeat-period",
+                 "heartbeat_timeout": "--heartbeat-timeout", "stall_timeout": "--stall-timeout",
+                 "faults": "--faults", "respawn": "--respawn", "strict": "--strict"}
+#: Those of them that take no value.
+SWITCHES = ("respawn", "strict")
+
+
+def flag_settings(args: argparse.Namespace) -> dict[str, str]:
+    """The settings the flags give, by name, as the text of their variable."""
+    given = {}
+    for name in SETTING_FLAGS:
+        value = getattr(args, name)
+        if value is not None and value is not False:
+            given[name] = "1" if value is True else str(value)
+    return given
+
+
+def typed(name: str, text: str) -> str:
+    """The flag of setting ``name`` as the user typed it, with its ``text``."""
+    return SETTING_FLAGS[name] if name in SWITCHES else f"{SETTING_FLAGS[name]} {text}"
+
+
+def as_typed(message: str, flags: Mapping[str, str], elsewhere: Container[str]) -> str:
+    """``message`` (:mod:`config`'s, which names variables) naming the flag instead of
+    each variable that ``flags`` (by setting name, as typed) set, or that a flag would
+    set where the user set none (``elsewhere``: those set by -x or in our environment):
+    its default is then the flag's."""
+    for name, flag in SETTING_FLAGS.items():
+        variable = config.env(name)
+        if name in flags:
+            message = message.replace(f"{variable}={flags[name]!r}", typed(name, flags[name]))
+        elif variable in elsewhere:
+            continue
+        message = re.sub(rf"\b{variable}\b", flag, message)
+    return message
+
+
+def host_slots(hosts: str) -> int:
+    """The slots of ``-H host:slots,...`` (a host without slots has one)."""
+    total = 0
+    for item in hosts.split(","):
+        host, _, slots = item.rpartition(":") if ":" in item else (item, "", "")
+        if not host or (slots and not (slots.isdigit() and int(slots) > 0)):
+            raise ValueError(f"-H {hosts}: {item!r} is not host or host:slots (slots: a whole "
+                             "number, at least 1)")
+        total += int(slots or 1)
+    return total
+
+
+def program(args: argparse.Namespace) -> list[str]:
+    """The command every rank runs, as given (less a leading ``--``), ``python``
+    being the interpreter elastic_hvd is installed in."""
+    command = list(args.command)
+    if command[:1] == ["--"]:
+        command = command[1:]
+    if command and command[0] in ("python", "python3"):
+        command[0] = sys.executable
+    return command
+
+
+def checked(args: argparse.Namespace) -> tuple[argparse.Namespace, Any]:
+    """``args`` with the flags' numbers read, and the settings the ranks will have (the
+    flags', else -x's, else our environment's); ``ValueError``, one line naming what the
+    user typed, for what cannot work.
+
+    Why here: a flag was checked only by the ranks, at ``init()``, seconds later and once
+    per rank, in a traceback naming the variable (issue 42); ``-np 0`` ran on every core.
+    The flags go through the check -x values meet (``config.from_environ``), with its
+    words; a flag and a -x for the same setting are refused, as neither reads as the
+    one that wins."""
+    if not program(args):
+        raise ValueError("no command given (e.g. `python train.py`)")
     if args.np is None and not args.hosts:
-        raise SystemExit("elastic-hvd-run: give -np (or -H host:slots,...)")
-    np_ = args.np if args.np is not None else sum(
-        int(h.rpartition(":")[2] or 1) if ":" in h else 1 for h in args.hosts.split(","))
-    np_ += args.spares
+        raise ValueError("give -np (or -H host:slots,...)")
+    if args.np is not None and args.np < 1:
+        raise ValueError(f"-np {args.np}: must be at least 1 (the number of ranks to start)")
+    slots = host_slots(args.hosts) if args.hosts else 0  # checked beside -np too
+    size, source = (args.np, f"-np {args.np}") if args.np is not None else (
+        slots, f"{slots} from -H {args.hosts}")
+    if args.max_relaunches < 0:
+        raise ValueError(f"--max-relaunches {args.max_relaunches}: must be at least 0 (0: never)")
+    flags = flag_settings(args)
+    by_x = {item.split("=", 1)[0]: item for item in args.env}
+    for name, text in flags.items():
+        if config.env(name) in by_x:
+            raise ValueError(f"{typed(name, text)} and -x {by_x[config.env(name)]} both set "
+                             f"{config.env(name)}: give one of them")
+    environ = {**os.environ, **dict(item.split("=", 1) for item in args.env if "=" in item),
+               **{config.env(name): text for name, text in flags.items()}}
+    try:
+        settings = config.from_environ(environ)
+    except ValueError as exc:
+        raise ValueError(as_typed(str(exc), flags, {*by_x, *os.environ})) from None
+
+    def given(name: str) -> str:
+        variable = config.env(name)
+        return typed(name, flags[name]) if name in flags else f"{variable}={environ[variable]!r}"
+
+    if settings.min_np > size:
+        raise ValueError(f"{given('min_np')}: must be at most the number of ranks ({source}): "
+                         "the job would stop at its start")
+    if settings.max_np is not None and settings.max_np < size:
+        raise ValueError(f"{given('max_np')}: must be at least the number of ranks ({source})")
+    if args.max_np and not (args.host_discovery_script or args.hostfile):
+        raise ValueError(f"{given('max_np')}: needs a host source: --host-discovery-script or "
+                         "--hostfile")
+    script = args.host_discovery_script
+    if script and not (os.path.isfile(script) and os.access(script, os.X_OK)):
+        raise ValueError(f"--host-discovery-script {script}: not an executable file (it is run "
+                         "as it is, every --discovery-interval seconds)")
+    if args.hostfile and not os.path.isfile(args.hostfile):
+        raise ValueError(f"--hostfile {args.hostfile}: no such file")
+    try:
+        shlex.split(args.mpi_args)
+    except ValueError as exc:
+        raise ValueError(f"--mpi-args {shlex.quote(args.mpi_args)}: {exc} (one string, split "
+                         "as a shell would)") from None
+    if args.as_horovod and program_start(program(args)) is None:
+        raise ValueError("--as-horovod needs a `python script.py` command")
+    args = copy.copy(args)
+    for name in flags:
+        setattr(args, name, getattr(settings, name))
+    return args, settings
+
+
+def build_command(args: argparse.Namespace, mpirun: str | None = None) -> list[str]:
+    """The mpirun command line for ``args`` (a parsed namespace, as :func:`checked`
+    returns it)."""
+    np_ = (args.np if args.np is not None else host_slots(args.hosts)) + (args.spares or 0)
     cmd = [mpirun or find_mpirun(), "-np", str(np_)]
     if not args.no_ft:
         cmd += ["--with-ft", "ulfm"]
@@ -136,18 +264,11 @@ def build_command(args: argparse.Namespace, mpirun: str | None = None) -> list[s
         max(np_, args.max_np or 0) > (os.cpu_count() or 1)
     if oversubscribe:
         cmd.append("--oversubscribe")
-    if args.max_np and not (args.host_discovery_script or args.hostfile):
-        raise SystemExit("elastic-hvd-run: --max-np needs a host source: "
-                         "--host-discovery-script or --hostfile")
     settings = {
-        "min_np": args.min_np, "heartbeat_period": args.heartbeat_period,
-        "heartbeat_timeout": args.heartbeat_timeout, "stall_timeout": args.stall_timeout,
-        "faults": args.faults, "respawn": 1 if args.respawn else None, "spares": args.spares,
-        "strict": 1 if args.strict else None, "max_np": args.max_np,
+        **flag_settings(args),
         "host_discovery": args.host_discovery_script and
         os.path.abspath(args.host_discovery_script),
         "hostfile": args.max_np and args.hostfile and os.path.abspath(args.hostfile),
-        "discovery_interval": args.discovery_interval,
         "oversubscribe": 1 if oversubscribe else None,
         # A rank's stdout is a pseudo-terminal under mpirun, wherever ours goes:
         # progress bars ask this instead (elastic_hvd.core.announce.stdout_is_terminal).
@@ -162,15 +283,9 @@ def build_command(args: argparse.Namespace, mpirun: str | None = None) -> list[s
     for item in args.env:
         cmd += ["-x", item]
     cmd += shlex.split(args.mpi_args)
-    command = list(args.command)
-    if command and command[0] == "--":
-        command = command[1:]
-    if command and command[0] in ("python", "python3"):
-        command[0] = sys.executable  # the interpreter elastic_hvd is installed in
+    command = program(args)
     start = program_start(command)
     if args.as_horovod:
-        if start is None:
-            raise SystemExit("elastic-hvd-run: --as-horovod needs a `python script.py` command")
         command[start:start] = ["-m", "elastic_hvd.runner.as_horovod"]
     # Each rank records how it ended (see exit_status): a Python program itself, with
     # its exception or its crash's stack; any other command, its supervisor.
@@ -472,6 +587,13 @@ def exit_status(code: int, outcomes: Sequence[Mapping[str, Any]]) -> tuple[int, 
     return 0, None
 
 
+#: What a rank records when its script imports Horovod, which is not installed ...
+NO_HOROVOD = "ModuleNotFoundError: No module named 'horovod'"
+#: ... and what the launcher then says: the error alone named no way out (issue 42).
+HOROVOD_HINT = ("the script imports horovod, which is not installed: add --as-horovod to run it "
+                "unchanged on elastic_hvd, or change `horovod` to `elastic_hvd` in its imports")
+
+
 def launch(args: argparse.Namespace, cmd: Sequence[str],
            settings: Any) -> tuple[int, str | None, relaunch.Cause | None]:
     """Run the job once: ``(exit status, the line saying why or None, why a relaunch
@@ -502,6 +624,8 @@ def launch(args: argparse.Namespace, cmd: Sequence[str],
             code = 128 - code  # the signal, as a shell says it
         outcomes = read_outcomes(status_dir)
         reporter.news(outcomes)  # what the last look before the end did not see
+    if not args.as_horovod and any(o.get("raised") == NO_HOROVOD for o in outcomes):
+        print(f"elastic-hvd-run: {HOROVOD_HINT}", file=sys.stderr, flush=True)
     # The same words also come while a job that has finished shuts down (a daemon
     # gone before mpirun asked): only a job whose members did not all finish was lost.
     if lost is not None and not members_done(outcomes):
@@ -517,17 +641,15 @@ def launch(args: argparse.Namespace, cmd: Sequence[str],
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    try:  # before anything starts, and for --dry-run too; in one line, as argparse's
+        args, settings = checked(parser().parse_args(argv))
+    except ValueError as exc:
+        print(f"elastic-hvd-run: {exc}", file=sys.stderr)
+        return 2
     cmd = build_command(args)
     if args.dry_run:
         print(shlex.join(cmd))
         return 0
-    exported = dict(item.split("=", 1) for item in args.env if "=" in item)
-    try:  # the ranks' settings (ours and -x), checked before anything starts
-        settings = config.from_environ({**os.environ, **exported})
-    except ValueError as exc:
-        print(f"elastic-hvd-run: {exc}", file=sys.stderr)
-        return 2
     keeper = state_replica.Keeper(state_replica.listen_address(state_replica.job_hosts(args)))
     os.environ.update(keeper.environ())  # passed on by name: a secret stays off command lines
     relaunches = 0
