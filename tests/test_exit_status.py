@@ -30,14 +30,14 @@ TABLE = {
     "all_exit_0": (["ok"], {}, 0, None, 0, [0, 1, 2, 3]),
     "all_exit_7": (["exit", 7], {}, 7, "non-zero on 4 of the 4 ranks that finished", 7,
                    [0, 1, 2, 3]),
-    "one_exits_7": (["one_exits", 7], {}, 7, "non-zero on 1 of the 4 ranks that finished (id 1: 7",
-                    7, [0, 1, 2, 3]),
+    "one_exits_7": (["one_exits", 7], {}, 7,
+                    "non-zero on 1 of the 4 ranks that finished (rank 1: 7", 7, [0, 1, 2, 3]),
     "one_killed": (["ok"], {"ELASTIC_HVD_FAULTS": "rank=2,coll=3"}, 0, None, 0, [0, 1, 3]),
     "all_killed": (["all_killed"], {}, 1, KILLED, 0, [0, 1, 2, 3]),
     # The one rank that ended by itself left early (status 0, the others trained on): it
     # completed nothing (before: 0, no line -- seen in the soak).
     "left_then_others_lost": (["left_then_others_lost"], {}, 1,
-                              "no rank completed: 1 left early with status 0 (id 3)", 0,
+                              "no rank completed: 1 left early with status 0 (rank 3)", 0,
                               [0, 1, 2, 3]),
     # An uncaught exception ends a rank as a crash (a SIGKILL, so that the others notice
     # at once: runtime._crash_if_others_go_on): the others go on, and plain mpirun says

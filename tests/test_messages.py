@@ -71,6 +71,7 @@ def test_a_change_is_said_with_what_each_time_measures(monkeypatch):
     monkeypatch.setattr(process.runtime(), "effects", {})  # a script that does nothing about it
     class Hosts:  # where a job's processes ran: all the line needs of the communicator
         spares_left = 0
+        ids = (0, 2, 4, 5)  # the ranks' ids now (after the join below)
 
         def hosts(self):
             return ["a", "b"]
@@ -80,7 +81,7 @@ def test_a_change_is_said_with_what_each_time_measures(monkeypatch):
 
     loss = MembershipEvent(4, 2, lost=(1, 3), detect_s=0.0412, repair_s=0.0003,
                            during="HorovodGradients")
-    assert announce.describe(loss, Hosts(), 40) == (
+    assert announce.describe(loss, Hosts(), 40, before=(0, 1, 2, 3)) == (
         "lost ranks 1, 3 on b after 40 training steps: 4 -> 2 ranks; the failure was agreed "
         "41 ms after rank 0 entered the collective it interrupted (HorovodGradients), and the "
         "repair (revoke + shrink) took 0.3 ms")
@@ -88,9 +89,9 @@ def test_a_change_is_said_with_what_each_time_measures(monkeypatch):
         "the learning rate was not changed (hvd.fit with hvd.ElasticData")
     join = MembershipEvent(2, 4, gained=(4, 5), spawn_s=1.25, repair_s=12.0)
     assert announce.describe(join, Hosts()) == (
-        "gained ranks 4, 5 on a, b: 2 -> 4 ranks; the ranks spent 1.2 s starting them (spawn, "
-        "or connecting a hot spare), and they joined 12.0 s after that began, while training "
-        "went on")
+        "gained ranks 2 (id 4), 3 (id 5) on a, b: 2 -> 4 ranks; the ranks spent 1.2 s starting "
+        "them (spawn, or connecting a hot spare), and they joined 12.0 s after that began, "
+        "while training went on")
 
     class OneHost(Hosts):  # the lost rank's host is not known: still a one-host job
         def hosts(self):
@@ -100,7 +101,8 @@ def test_a_change_is_said_with_what_each_time_measures(monkeypatch):
             return None if i == 3 else "a"
 
     alone = MembershipEvent(4, 3, lost=(3,), detect_s=0.0412, repair_s=0.0003)
-    assert announce.describe(alone, OneHost(), 40).startswith("lost rank 3 after 40 training steps")
+    assert announce.describe(alone, OneHost(), 40, before=(0, 1, 2, 3)).startswith(
+        "lost rank 3 after 40 training steps")
 
 
 def test_tensorflows_start_up_lines_are_dropped_and_nothing_else():
@@ -178,7 +180,7 @@ def test_hvd_fit_says_each_change_and_keras_stays_quiet(tmp_path):
     assert "the samples the lost rank had not trained go back into the epoch; the rest of the " \
            "epoch is split over 2 ranks" in lines[0], lines[0]
     assert "the learning rate is scaled by 0.667 (linear) at the next step" in lines[0]
-    assert "gained rank 3 " in lines[1] and "2 -> 3 ranks" in lines[1], lines[1]
+    assert "gained rank 2 (id 3) " in lines[1] and "2 -> 3 ranks" in lines[1], lines[1]
     assert "the learning rate is scaled by 1.5 (linear)" in lines[1], lines[1]
     for warning in ("shuffle=True", "ran out of data", "UserWarning"):
         assert warning not in job.output, job.output[-4000:]

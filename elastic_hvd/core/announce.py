@@ -10,8 +10,8 @@ for the run.  ``ELASTIC_HVD_ANNOUNCE=0`` turns the lines off.
 
 import sys
 import time
-from collections.abc import Callable, Collection, Iterable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, TextIO, cast
 
 from . import config, process
 from .membership import MembershipEvent
@@ -35,8 +35,30 @@ def effect(topic: str, describe: Callable[[MembershipEvent], str | None]) -> Non
     process.runtime().effects[topic] = describe
 
 
-def _ranks(ids: Collection[int]) -> str:
-    return f"rank{'s' if len(ids) > 1 else ''} {', '.join(map(str, ids))}"
+def who(rank: int | None, original_id: int | None, *, with_id: bool = False) -> str:
+    """The one naming of a rank in every message (the announcement, a spare's lines,
+    the heartbeat's, the launcher's reports): ``rank 2`` -- its number now (a lost
+    one's when it was lost) -- and ``rank 1 (id 2)`` once ranks were renumbered, so
+    that its stable *id* (the rank it started as, or the next free one for a process
+    that joined) follows one process through every renumbering.  ``with_id`` says the
+    id even where it equals the rank (a line that names two processes of one number);
+    ``id 2`` alone where the rank is not known."""
+    if rank is None:
+        return f"id {original_id}"
+    return f"rank {_number(rank, original_id, with_id)}"
+
+
+def _number(rank: int, original_id: int | None, with_id: bool = False) -> str:
+    same = original_id is None or (original_id == rank and not with_id)
+    return f"{rank}" if same else f"{rank} (id {original_id})"
+
+
+def _ranks(pairs: Sequence[tuple[int | None, int]]) -> str:
+    """``who`` of several ``(rank, id)``: ``ranks 1, 3 (id 4)``."""
+    known = [(rank, i) for rank, i in pairs if rank is not None]
+    if len(pairs) == 1 or len(known) < len(pairs):
+        return " and ".join(who(rank, i) for rank, i in pairs)
+    return "ranks " + ", ".join(_number(rank, i) for rank, i in known)
 
 
 def _ms(seconds: float) -> str:
@@ -45,9 +67,11 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.0f} ms" if seconds < 1 else f"{seconds:.1f} s"
 
 
-def describe(event: MembershipEvent, comm: "ResilientComm", steps: int | None = None) -> str:
-    """The facts of ``event``: who was lost or gained (original ids, hosts on a
-    multi-host job), the new size, and what it cost -- each time with what it
+def describe(event: MembershipEvent, comm: "ResilientComm", steps: int | None = None,
+             before: Sequence[int] = ()) -> str:
+    """The facts of ``event``: who was lost (by :func:`who`: their ranks in ``before``,
+    the ids of the ranks before the change) or gained (their ranks now), their hosts
+    on a multi-host job, the new size, and what it cost -- each time with what it
     measures."""
     hosts = {comm.host_of(i) for i in (*event.lost, *event.gained)} | set(comm.hosts())
     multi_host = len(hosts - {None}) > 1  # a host not known (None) is no second host
@@ -55,8 +79,12 @@ def describe(event: MembershipEvent, comm: "ResilientComm", steps: int | None = 
     def where(ids: Iterable[int]) -> str:
         return f" on {', '.join(sorted({str(comm.host_of(i)) for i in ids}))}" if multi_host else ""
 
-    who = [f"{what} {_ranks(ids)}{where(ids)}"
-           for what, ids in (("lost", event.lost), ("gained", event.gained)) if ids]
+    def named(ids: Sequence[int], ranks: Sequence[int]) -> str:
+        return _ranks([(list(ranks).index(i) if i in ranks else None, i) for i in ids])
+
+    who = [f"{what} {named(ids, ranks)}{where(ids)}"
+           for what, ids, ranks in (("lost", event.lost, before),
+                                    ("gained", event.gained, comm.ids)) if ids]
     effects = process.runtime().effects
     place = effects["when"](event) if "when" in effects else None
     when = f" in {place}" if place else f" after {steps} training steps" if steps else ""
@@ -100,15 +128,51 @@ class Announcer:
 
     def __init__(self, comm: "ResilientComm", session: "Session") -> None:
         self.comm, self.session = comm, session
+        self.ids = comm.ids  # until the next change: where the lost ones were
+        watch_stdout()
 
     def __call__(self, event: MembershipEvent) -> None:
         comm = self.comm
+        before, self.ids = self.ids, comm.ids  # on every rank: any may be rank 0 next
         if comm.rank != 0 or comm.joining:
             return
-        line = "; ".join([describe(event, comm, self.session.step), *consequences(event, comm)])
-        # A progress bar may be half-drawn on a terminal: start on a line of our own.
-        start = "\n" if stdout_is_terminal() else ""
+        line = "; ".join([describe(event, comm, self.session.step, before),
+                          *consequences(event, comm)])
+        # A progress bar may be half-drawn (Keras's leaves its line open until the
+        # epoch ends, wherever stdout goes): start on a line of our own.
+        start = "\n" if mid_line() else ""
         print(f"{start}[elastic_hvd {time.strftime('%H:%M:%S')}] {line}", flush=True)
+
+
+class _LineWatch:
+    """``sys.stdout`` as it was, noting whether its last write left a line open.
+
+    Why this process's own stream: under ``mpirun`` each rank's output reaches the
+    console line by line (Open MPI holds an open line back until its end, measured),
+    so only what this rank wrote before can share the announcement's line."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream, self.open = stream, False
+
+    def write(self, text: str) -> int:
+        if text:
+            self.open = not text.endswith("\n")
+        return self.stream.write(text)
+
+    def __getattr__(self, name: str) -> Any:  # isatty, flush, fileno, encoding, ...
+        return getattr(self.stream, name)
+
+
+def watch_stdout() -> None:
+    """Watch ``sys.stdout`` for :func:`mid_line` (once per process)."""
+    if not isinstance(sys.stdout, _LineWatch):
+        sys.stdout = cast(TextIO, _LineWatch(sys.stdout))
+
+
+def mid_line() -> bool:
+    """Whether this process's stdout is inside a line it began (a progress bar)."""
+    stream: Any = sys.stdout
+    return isinstance(stream, _LineWatch) and stream.open
 
 
 def stdout_is_terminal() -> bool:

@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 import numpy as np
 
-from . import config, faults, heartbeat, mpi_env, signals, spares
+from . import announce, config, faults, heartbeat, mpi_env, signals, spares
 from .errors import ElasticHvdError
 from .membership import MembershipEvent
 from .spawn import MergeCall, SpawnCall
@@ -533,9 +533,11 @@ class Growth:
             send = spares.claim(comm.MPI, spare, slot, comm.initial_size)
             if send is not None:
                 self._claims[spare] = (slot, send)
-                print(f"elastic_hvd: a hot spare (world rank {spare}, {host}) starts the script "
-                      f"as rank {slot}, which was lost; it joins at the next epoch's start "
-                      "once ready", file=sys.stderr, flush=True)
+                lost = announce.who(slot, max(last) if last else slot)
+                print(f"elastic_hvd: a hot spare (world rank {spare}, {host}) takes the place of "
+                      f"the lost {lost}: it starts the script as rank {slot} and joins at the "
+                      "next epoch's start once ready, with the next free id", file=sys.stderr,
+                      flush=True)
 
     def release_spares(self) -> None:
         """At the job's end: the spares not adopted may go (world processes tell the
@@ -622,6 +624,14 @@ class Growth:
         it.  None elsewhere."""
         if not isinstance(self._invitation, spares.SpareInvitation):
             return None
+        comm = self.comm
+        if self.replacing is None:  # a claimed one's place was said when it was claimed
+            name = (f"world rank {comm.MPI.COMM_WORLD.rank}" if self.in_world else
+                    f"process {os.getpid()} (spawned)")
+            print(f"elastic_hvd: {name} is a hot spare, waiting to replace a lost rank: until "
+                  f"it joins it reports rank {comm.rank} of {comm.size} (as if it had joined "
+                  "last) and has no id; it gets the next free id when it joins",
+                  file=sys.stderr, flush=True)
         return self._invitation.wait(lambda why: leave_unjoined(why, who=_SPARE))
 
     def await_claim(self) -> tuple[int, int]:

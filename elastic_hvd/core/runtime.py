@@ -143,12 +143,13 @@ def init(comm: Any = None, *, min_np: int | None = None,
 
 
 def _who() -> str:
-    """'rank R (original rank I, pid P)' for the heartbeat's lines; 'process P' before
-    this process has a rank (a spare, a joiner) or after shutdown."""
+    """'rank R, pid P,' ('rank R (id I), pid P,' once renumbered: ``announce.who``) for the
+    heartbeat's lines; 'process P' before this process has a rank (a spare, a joiner) or
+    after shutdown."""
     comm = process.runtime().comm
     if comm is None or comm.joining:
         return f"process {os.getpid()}"
-    return f"rank {comm.rank} (original rank {comm.original_id}, pid {os.getpid()})"
+    return f"{announce.who(comm.rank, comm.original_id)}, pid {os.getpid()},"
 
 
 def _crash_after(report: _ExceptHook) -> _ExceptHook:
@@ -182,7 +183,7 @@ def _crash_if_others_go_on() -> None:
     if comm is None or (comm.size <= 1 and not comm.joining):
         return
     who = (f"process {os.getpid()}, spawned to join the running job," if comm.joining
-           else f"rank {comm.rank} (original {comm.original_id})")
+           else announce.who(comm.rank, comm.original_id))
     if rt.say_when_raising:
         print(f"elastic_hvd: {who} stops on an uncaught exception and leaves the job as a crash "
               "would, so that any rank still training goes on without it", file=sys.stderr,
@@ -259,7 +260,7 @@ def _leave_together() -> None:
             comm.release_spares()
         except LeftEarly as exc:
             comm.abandon_join(CHANGED)  # the others go on; they start another
-            print(f"elastic_hvd: rank {comm.rank} (original {comm.original_id}) leaves "
+            print(f"elastic_hvd: {announce.who(comm.rank, comm.original_id)} leaves "
                   f"the job; the other ranks go on without it ({exc})", file=sys.stderr, flush=True)
             if rt.on_leaving is not None:
                 rt.on_leaving(True)

@@ -16,28 +16,25 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+from ..core import announce
 from .program import WRAPPERS
 
 
-
-def who(outcome: Mapping[str, Any]) -> str:
-    """``rank 2``, ``rank 2 (original id 3)`` once ranks were renumbered, or the process
-    of a spawned one not yet adopted."""
+def who(outcome: Mapping[str, Any], with_id: bool = False) -> str:
+    """The process's name in the job's own words (:func:`.announce.who`: ``rank 2``,
+    ``rank 1 (id 2)`` once ranks were renumbered; ``with_id``: the id said anyway),
+    its rank being its last one; ``world rank 2`` for one that recorded no id (lost
+    before ``init()``, or a command that is not a Python program: see ``.supervisor``),
+    or the process of a spawned one not yet adopted."""
     if outcome.get("id") is None:
         if outcome.get("spawned") or outcome.get("world") is None:
             return f"a process spawned to join the job ({outcome['process']})"
-        return f"world rank {outcome['world']}"  # lost before its first record with an id
-    if outcome.get("rank") == outcome["id"]:
-        return f"rank {outcome['rank']}"
-    return f"rank {outcome['rank']} (original id {outcome['id']})"
+        return f"world rank {outcome['world']}"
+    return announce.who(outcome.get("rank"), outcome["id"], with_id=with_id)
 
 
-def short(outcome: Mapping[str, Any]) -> str:
-    """``id 2``, or ``world rank 2`` for a process that recorded no id (lost before
-    ``init()``, or a command that is not a Python program: see ``.supervisor``)."""
-    if outcome.get("id") is not None:
-        return f"id {outcome['id']}"
-    return "id ?" if outcome.get("world") is None else f"world rank {outcome['world']}"
+#: The verdict's name of a process: the same as the reports'.
+short = who
 
 
 def order(outcome: Mapping[str, Any]) -> tuple[bool, int]:
@@ -95,8 +92,8 @@ class Reporter:
         self.out = out if out is not None else sys.stderr
         self.lock = threading.Lock()  # the launcher's stderr relay writes too
         self._told: set[str] = set()
-        self._places: dict[tuple[Any, ...], tuple[str, str]]
-        self._places = {}  # (kind, where) -> who reported it in full
+        self._places: dict[tuple[Any, ...], tuple[Mapping[str, Any], str]]
+        self._places = {}  # (kind, where) -> the outcome reported in full, its text
 
     def write(self, text: str) -> None:
         with self.lock:
@@ -126,11 +123,14 @@ class Reporter:
                                             if not line.startswith("Current thread ")))
             full = (f"crashed ({text}) and left the job; its Python stack:\n{stack}\n"
                     if stack else f"crashed ({text}) and left the job\n")
-        first, first_text = self._places.setdefault(place, (who(outcome), text))
-        if first == who(outcome):
+        first, first_text = self._places.setdefault(place, (outcome, text))
+        if first["process"] == outcome["process"]:
             return f"elastic-hvd-run: {who(outcome)} {full}"
         lines = text.splitlines()
         what = ("the same" if text == first_text else
                 f"{lines[0]}{' ...' if len(lines) > 1 else ''},")
-        return (f"elastic-hvd-run: {who(outcome)} {place[0]} {what} at the same place as "
-                f"{first}\n")
+        # Two processes that ended with one rank number (one was renumbered after the
+        # other left) are told apart by their ids.
+        both = first.get("rank") == outcome.get("rank")
+        return (f"elastic-hvd-run: {who(outcome, both)} {place[0]} {what} at the same place "
+                f"as {who(first, both)}\n")
