@@ -221,11 +221,13 @@ class ElasticCheckpoint(tf.keras.callbacks.Callback):
             return _one_line(exc)
         return ""
 
-    def restore(self, model: Any) -> int:
+    def restore(self, model: Any, epochs: int | None = None) -> int:
         """Load the newest state into ``model`` (and the sampler): the launcher's
         copy if it is newer than the newest committed checkpoint, else that
-        checkpoint; returns the epoch to resume at (0: none).  A process joining a
-        running job loads nothing: it receives the live state."""
+        checkpoint; returns the epoch to resume at (0: none).  Rank 0 says what it
+        resumes, before anything trains; given ``epochs`` (the run's total), also how
+        many epochs are left, or that none is.  A process joining a running job loads
+        nothing: it receives the live state."""
         if runtime.is_initialized() and runtime.current().joining:
             return 0
         entries = self.files.entries()
@@ -234,11 +236,12 @@ class ElasticCheckpoint(tf.keras.callbacks.Callback):
         kept = self._replica()
         if kept is not None and (not entries or kept["session"]["step"] >= (
                 entries[0].get("step") or 0)):
-            return self._load(model, kept, f"the launcher's copy of step {kept['session']['step']}")
+            return self._load(model, kept, f"the launcher's copy of step {kept['session']['step']}",
+                              epochs)
         if not entries:
             return 0
         epoch: list[int] = []
-        self.files.load(lambda entry: epoch.append(self._read(model, entry)))
+        self.files.load(lambda entry: epoch.append(self._read(model, entry, epochs)))
         return epoch[-1]
 
     @staticmethod
@@ -264,7 +267,7 @@ class ElasticCheckpoint(tf.keras.callbacks.Callback):
                   "restoring from the checkpoints on disk", file=sys.stderr, flush=True)
             return None
 
-    def _read(self, model: Any, entry: dict[str, Any]) -> int:
+    def _read(self, model: Any, entry: dict[str, Any], epochs: int | None) -> int:
         name = entry.get("state")
         if name not in entry["files"]:
             raise ValueError(f"{self.meta_path}: the checkpoint of epoch {entry.get('epoch')} "
@@ -273,12 +276,13 @@ class ElasticCheckpoint(tf.keras.callbacks.Callback):
         path = os.path.join(self.directory, name)  # type: ignore[arg-type]  # (name in files)
         state = _read_state(path, entry["sizes"][name], self.files.shared())
         try:
-            return self._load(model, state, entry["name"])
+            return self._load(model, state, entry["name"], epochs, in_directory=True)
         except (KeyError, IndexError, TypeError, AttributeError) as exc:  # data, not a state
             raise state_format.StateFileError(path, (
                 f"not a training state ({type(exc).__name__}: {exc})")) from exc
 
-    def _load(self, model: Any, state: dict[str, Any], source: str) -> int:
+    def _load(self, model: Any, state: dict[str, Any], source: str, epochs: int | None,
+              in_directory: bool = False) -> int:
         epoch = self._training_state(model).load_state(state, membership=False)
         comm = runtime.current() if runtime.is_initialized() else None
         size = comm.size if comm is not None else 1
@@ -287,11 +291,31 @@ class ElasticCheckpoint(tf.keras.callbacks.Callback):
                         "checkpoint": source, "lr_before": state.get("lr"),
                         "lr_after": get_lr(model.optimizer)}
         if comm is None or comm.rank == 0:
-            print(f"elastic_hvd: resuming at epoch {epoch + 1} from {source} (written on "
-                  f"{state.get('size', '?')} ranks, now {size}; learning rate "
-                  f"{state.get('lr', float('nan')):g} -> {get_lr(model.optimizer):g}, as this "
-                  "job's script sets it)", file=sys.stderr, flush=True)
+            print(f"elastic_hvd: {self._resume_line(epoch, epochs, source, in_directory)}",
+                  flush=True)
         return epoch
+
+    def _resume_line(self, epoch: int, epochs: int | None, source: str,
+                     in_directory: bool) -> str:
+        """What a resume at ``epoch`` (from 0) of ``epochs`` from ``source`` means.
+
+        Printed on stdout, as Keras' output and the script's own prints: mpirun forwards
+        stdout and stderr apart, so a line on stderr can reach the console after what
+        the script printed later, and this one must come before anything of the run."""
+        if epochs is not None and epoch >= epochs:
+            what = f"the checkpoint {source} in {self.directory}" if in_directory else source
+            trained = f"{epoch} of {epochs} epochs" if epoch == epochs else \
+                f"{epoch} epochs, more than the {epochs} this run asks for"
+            advice = "; remove it or raise epochs" if in_directory else ""
+            return f"nothing left to train: {what} has trained {trained}{advice}"
+        resumed = self.resumed or {}
+        total, left = ("", "") if epochs is None else (
+            f" of {epochs}", f"{epochs - epoch} epoch{'s' if epochs - epoch > 1 else ''} left; ")
+        lr_before = resumed.get("lr_before")
+        return (f"resuming at epoch {epoch + 1}{total} from {source} ({left}written on "
+                f"{resumed.get('old_size') or '?'} ranks, now {resumed.get('new_size')}; "
+                f"learning rate {'?' if lr_before is None else f'{lr_before:g}'} -> "
+                f"{resumed.get('lr_after'):g}, as this job's script sets it)")
 
     @contextlib.contextmanager
     def final_on_failure(self) -> Iterator[None]:

@@ -12,6 +12,10 @@ layout is generated on first use (``data/fruits360-standin``): the real dataset
 cannot be downloaded on the machines this project is developed on.  Point
 ``--data-dir`` at an unpacked Fruits 360 (the folder holding ``Training/`` and
 ``Test/``) to train on the real thing; ``--classes`` picks a subset.
+
+A second run with the same ``--out`` resumes from its checkpoint (rank 0 says at which
+epoch, and how many are left); once all ``--epochs`` are trained it says that nothing is
+left and exits 0 without training: raise ``--epochs`` or give another ``--out``.
 """
 
 import argparse

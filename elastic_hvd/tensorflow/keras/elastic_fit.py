@@ -28,12 +28,18 @@ def fit(model: Any, data: ElasticData, epochs: int = 1, *, initial_epoch: int = 
         validation_data: Sequence[Any] | None = None, verbose: int | None = None,
         **kwargs: Any) -> Any:
     """Train ``model`` (compiled with ``hvd.DistributedOptimizer``) on ``data`` (an
-    :class:`~elastic_hvd.tensorflow.data.ElasticData`) for ``epochs``; returns Keras'
-    ``History``.
+    :class:`~elastic_hvd.tensorflow.data.ElasticData`: its ``batch_size`` is per rank,
+    so a step trains ``batch_size`` x the live ranks' count) for ``epochs``; returns
+    Keras' ``History``.
 
     ``checkpoint_dir``: resume from and save to it every epoch (a job that falls
-    below ``min_np`` saves and exits with status 3); ``events``: a JSON-lines log of
-    membership changes; ``lr_policy``: ``"linear"``, ``"sqrt"``, ``"none"`` or
+    below ``min_np`` saves and exits with status 3); before training, rank 0 says where
+    it resumes and how many epochs are left, and if the checkpoint has all ``epochs``
+    trained, says so and ends the process here with status 0 (a rerun of a finished
+    job must not pass for a run that trained); ``events``: a JSON-lines log of
+    membership changes (for TensorBoard scalars of them, pass a
+    ``keras_callbacks.MembershipEventLog(path, log_dir=...)`` in ``callbacks``
+    instead); ``lr_policy``: ``"linear"``, ``"sqrt"``, ``"none"`` or
     ``"constant_global_batch"`` (see ``keras_callbacks.LearningRateRescaler``);
     ``validation_data``: a tuple of arrays, split across the live ranks and averaged;
     ``verbose``: 0 (silent), 1 (a progress bar) or 2 (one line per epoch), shown by the
@@ -53,7 +59,10 @@ def fit(model: Any, data: ElasticData, epochs: int = 1, *, initial_epoch: int = 
     checkpoint = given_one(kc.ElasticCheckpoint)
     if checkpoint is None and checkpoint_dir is not None:
         checkpoint = kc.ElasticCheckpoint(checkpoint_dir, sampler=data.sampler)
-        initial_epoch = max(initial_epoch, checkpoint.restore(model))
+        resumed_at = checkpoint.restore(model, epochs)
+        if checkpoint.resumed is not None and resumed_at >= epochs:
+            runtime.exit_with(0)  # nothing left to train (rank 0 said so); on every rank
+        initial_epoch = max(initial_epoch, resumed_at)
     rescaler = given_one(kc.LearningRateRescaler) or kc.LearningRateRescaler(
         lr_policy, sampler=data.sampler)
     log = given_one(kc.MembershipEventLog)
