@@ -21,9 +21,9 @@ from elastic_hvd.runner.launch import HOROVOD_HINT
 from mpijob import ROOT, run_job
 
 DOC = {s.name: s.doc for s in config.SETTINGS}
-#: A command that does not train: where a refused flag was let through, the job is
-#: over in seconds (with exit status 0).
-COMMAND = ["python", "-c", "pass"]
+#: A command that starts elastic_hvd (its ranks check their settings then) and no more:
+#: where a refused flag was let through, the job is over in seconds.
+COMMAND = ["python", "-c", "from elastic_hvd.basics import init; init()"]
 
 # case: (the flags, the one line the launcher says)
 REFUSED = {
@@ -100,7 +100,7 @@ def test_a_good_dry_run_prints_the_command():
     [line] = proc.stdout.splitlines()
     for part in ("mpirun -np 3 --with-ft ulfm", "-x ELASTIC_HVD_HEARTBEAT_TIMEOUT=2.0",
                  "-x ELASTIC_HVD_HEARTBEAT_PERIOD=0.5", "-x ELASTIC_HVD_MIN_NP=2",
-                 "-x ELASTIC_HVD_SPARES=1", "-m elastic_hvd.runner.program -c pass"):
+                 "-x ELASTIC_HVD_SPARES=1", "-m elastic_hvd.runner.program -c 'from "):
         assert part in line, line
 
 
