@@ -9,6 +9,12 @@ learning rate, momentum and session, the epoch, the sampler's position in it,
 the growth policy's counters and the callbacks' live state -- and the joiners
 start training at that very step: no disk checkpoint, no step lost or repeated.
 
+Only callbacks with a live state (elastic_hvd's own: ``live_state()``) take part,
+matched by position and class name: they must be the same on every rank, while
+plain Keras callbacks may differ between ranks (Horovod's idiom gives
+``ModelCheckpoint`` or ``CSVLogger`` to rank 0 alone).  A joiner whose list differs
+fails at once, naming the first callback that differs.
+
 Before the state leaves, the other membership callbacks settle the growth event
 (the learning rate is rescaled back up, etc.), so a joiner receives the rate the
 others will use for the step.  From then on the sampler splits the rest of the
@@ -26,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import tensorflow as tf
 
-from elastic_hvd.core import faults, runtime
+from elastic_hvd.core import ElasticHvdError, faults, runtime
 from elastic_hvd.growth_policy import GrowthPolicy
 from elastic_hvd.tensorflow.keras.callbacks import BroadcastGlobalVariablesCallback
 from elastic_hvd.tensorflow.keras.replacement import rehearse
@@ -88,10 +94,12 @@ class ElasticGrowth(tf.keras.callbacks.Callback):
     # -- the live state ------------------------------------------------------------
     def _training_state(self, callbacks: Sequence[Any]) -> TrainingState:
         return TrainingState(self.model, sampler=self.sampler, policy=self.policy,
-                             callbacks=callbacks)
+                             callbacks=with_live_state(callbacks))
 
     def _live_state(self) -> dict[str, Any]:
-        return self._training_state(self.callbacks).state(self.epoch)
+        state = self._training_state(self.callbacks).state(self.epoch)
+        state["callback_classes"] = classes(with_live_state(self.callbacks))
+        return state
 
     def join(self, model: Any, callbacks: Sequence[Any], dataset: Any = None) -> int:
         """In a joining process, before training: rehearse a step on ``dataset``'s
@@ -104,7 +112,9 @@ class ElasticGrowth(tf.keras.callbacks.Callback):
         self._training_state(callbacks).warm_up()
         started = time.perf_counter()
         event = self.policy.step(comm)  # a joiner's step joins (see GrowthPolicy.step)
-        self.epoch = self._training_state(callbacks).load_state(comm.broadcast_object(None))
+        state = comm.broadcast_object(None)
+        check_same_callbacks(with_live_state(callbacks), state["callback_classes"])
+        self.epoch = self._training_state(callbacks).load_state(state)
         for callback in callbacks:
             if isinstance(callback, BroadcastGlobalVariablesCallback):
                 callback.broadcast_done = True  # the live state is what the others have
@@ -123,3 +133,30 @@ class ElasticGrowth(tf.keras.callbacks.Callback):
         batch = tf.nest.map_structure(zeros, spec)
         rehearsal = tf.data.Dataset.from_generator(lambda: iter([batch]), output_signature=spec)
         rehearse(comm, model.fit, x=rehearsal.with_options(dataset.options()))
+
+
+def with_live_state(callbacks: Sequence[Any]) -> list[Any]:
+    """The callbacks whose live state a joiner takes over (elastic_hvd's own)."""
+    return [c for c in callbacks if hasattr(c, "live_state")]
+
+
+def classes(callbacks: Sequence[Any]) -> list[str]:
+    return [type(c).__name__ for c in callbacks]
+
+
+def check_same_callbacks(mine: Sequence[Any], theirs: Sequence[str]) -> None:
+    """Raise, naming the first difference, unless this joiner's callbacks with a live
+    state are the job's (``theirs``: their class names, in order)."""
+    here = classes(mine)
+    if here == list(theirs):
+        return
+    at = next((i for i, (a, b) in enumerate(zip(here, theirs)) if a != b), min(len(here),
+                                                                              len(theirs)))
+    differs = (f"elastic_hvd callback #{at} is {here[at] if at < len(here) else 'missing'} "
+               f"here and {theirs[at] if at < len(theirs) else 'missing'} in the job")
+    raise ElasticHvdError(
+        f"a joining process must train with the same elastic_hvd callbacks (those with a live "
+        f"state) as the job, in the same order: {differs} (here: {', '.join(here) or 'none'}; "
+        f"the job: {', '.join(theirs) or 'none'}); give these callbacks to every rank alike "
+        "(only plain Keras callbacks may be given to some ranks, e.g. rank 0's "
+        "ModelCheckpoint): see docs/training.md")

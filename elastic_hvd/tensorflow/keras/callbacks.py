@@ -39,6 +39,7 @@ class BroadcastGlobalVariablesCallback(tf.keras.callbacks.Callback):
         self.local_variables = {id(v) for v in local_variables or []}
         self.broadcast_done = False
         self.joined_at = None  # the epoch at whose start this process replaced a lost rank
+        self.duties: replacement.RankZeroDuties | None = None
 
     def register_local_var(self, var: Any) -> None:
         """Leave ``var`` out of the broadcast: it is this rank's own."""
@@ -55,6 +56,8 @@ class BroadcastGlobalVariablesCallback(tf.keras.callbacks.Callback):
     def on_train_begin(self, logs: dict | None = None) -> None:
         if not self.broadcast_done:
             self._broadcast()
+            if self.duties is None:  # every rank at its first fit (a joiner has broadcast_done)
+                self.duties = replacement.RankZeroDuties(replacement.fit_callbacks(self))
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
         if not self.broadcast_done:

@@ -15,7 +15,16 @@ script as that rank (its data shard, its model) while the others train on, and:
 
 Nobody waits for the spare's start-up; the lost rank's shard goes untrained from
 the loss to the next epoch's start, and from then on is trained as before.
+
+What a script gives rank 0 alone (Horovod's ``if hvd.rank() == 0:
+callbacks.append(...)``) follows the script, not the rank: a spare in rank 0's place
+runs the script as rank 0 and creates them again (a ``CSVLogger`` appends to the
+job's file), but survivors renumbered after a loss of rank 0 ran that ``if`` long
+ago.  :class:`RankZeroDuties` knows each rank's callbacks and says, in the loss's
+announcement, which of rank 0's stopped with it.
 """
+
+import collections
 
 import functools
 import inspect
@@ -26,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 import tensorflow as tf
 
-from ...core import runtime
+from ...core import announce, runtime
 from ..training_state import TrainingState
 
 if TYPE_CHECKING:
@@ -64,6 +73,8 @@ def _fit_as_replacement(model: Any, original: Callable[..., Any], args: tuple[An
         if hasattr(callback, "joined_at"):  # a BroadcastGlobalVariablesCallback
             callback.broadcast_done = True  # the live state is what the others have
             callback.joined_at = epoch
+        if isinstance(callback, tf.keras.callbacks.CSVLogger):
+            callback.append = True  # the rows of the epochs the job trained stay
     bound["initial_epoch"] = epoch
     del bound["self"]
     return original(model, **bound)
@@ -123,3 +134,54 @@ def rehearse(comm: "ResilientComm", fit: Callable[..., Any], **data: Any) -> Non
     except Exception as exc:  # noqa: BLE001 - joining works without it
         print(f"elastic_hvd: joining without a rehearsal step ({type(exc).__name__}: {exc})",
               file=sys.stderr, flush=True)
+
+
+class RankZeroDuties:
+    """Which callbacks each rank trains with (class names, gathered once: collective),
+    to say in a loss's announcement what the lost rank 0 alone did that the new rank 0
+    does not (``announce.effect`` topic ``"rank 0"``; a listener keeps track of who is
+    rank 0, on every rank alike)."""
+
+    def __init__(self, callbacks: list[Any]) -> None:
+        self.comm = comm = runtime.current("BroadcastGlobalVariablesCallback")
+        names = [type(c).__name__ for c in callbacks]
+        self.by_id = dict(zip(comm.ids, comm.allgather_object(names)))
+        self.rank0 = comm.ids[0]
+        self.as_rank0 = self.by_id[self.rank0]  # what a script gives the rank 0 it starts as
+        comm.listeners.add(self._follow)
+        announce.effect("rank 0", self.describe)
+
+    def describe(self, event: "MembershipEvent") -> str | None:
+        """On the new rank 0 (before :meth:`_follow`): the lost rank 0's own callbacks."""
+        new = self.comm.ids[0]
+        if self.rank0 not in event.lost or new not in self.by_id:
+            return None
+        gone = collections.Counter(self.by_id[self.rank0]) - collections.Counter(self.by_id[new])
+        if not gone:
+            return None
+        names = ", ".join(sorted(gone))
+        later = ("until a spare takes rank 0's place at an epoch's start and runs them again"
+                 if self.comm.spares_in_place and self.comm.spares_left else
+                 "for the rest of this run (elastic_hvd's own checkpoint, event log and "
+                 "progress move to the new rank 0; see docs/training.md)")
+        return (f"rank 0's own callbacks ({names}) stopped with it: the script gave them to "
+                f"rank 0 alone, and the new rank 0 did not create them; they stay stopped {later}")
+
+    def _follow(self, event: "MembershipEvent") -> None:
+        new = self.comm.ids[0]
+        if new in event.gained:  # a spare in rank 0's place runs the script as rank 0
+            self.by_id[new] = self.as_rank0
+        self.rank0 = new
+
+
+def fit_callbacks(callback: Any) -> list[Any]:
+    """The callbacks of the ``model.fit`` that calls ``callback.on_train_begin`` (from
+    there: Keras gives a callback no list of the others), or [] if not found."""
+    frame: Any = sys._getframe(1)
+    while frame is not None:
+        owner = frame.f_locals.get("self")
+        if isinstance(owner, tf.keras.callbacks.CallbackList) and \
+                any(c is callback for c in owner.callbacks):
+            return list(owner.callbacks)
+        frame = frame.f_back
+    return []
