@@ -1,19 +1,26 @@
-"""What a run says about the checkpoint it starts from (issue 42, finding 8), on real
-2-rank jobs run again in the same checkpoint directory (``workers/resume_words.py``).
+"""The words a user is told, and that they must be true (issue 42, findings 8 and 9).
 
-Before: a finished run's directory made the next run train nothing and print "done",
-and only after that (its stderr overtook by stdout) "resuming at epoch 3 from
+What a run says about the checkpoint it starts from, on real 2-rank jobs run again in
+the same checkpoint directory (``workers/resume_words.py``).  Before: a finished run's
+directory made the next run train nothing and print "done", and only after that (on
+stderr, which mpirun forwards apart from stdout) "resuming at epoch 3 from
 ckpt-000001-e0002", with no word that nothing was left; a resumed run never said how
 many epochs were left.
+
+And what the docs name exists: the launcher's flags, the keyword arguments their code
+passes, hvd.fit's arguments; ``--help`` on ``--spares`` says what docs/growth.md does.
 """
 
+import ast
+import inspect
+import re
 import shutil
 
 import pytest
 
-from mpijob import run_job
+from mpijob import ROOT, run_job
 
-pytestmark = pytest.mark.multirank
+multirank = pytest.mark.multirank
 
 
 def fit(tmp_path, directory, epochs):
@@ -44,6 +51,7 @@ def copy_of(finished, tmp_path):
     return directory
 
 
+@multirank
 def test_a_finished_runs_directory_says_nothing_is_left_and_exits_0(finished, tmp_path):
     directory = copy_of(finished, tmp_path)
     job = fit(tmp_path, directory, 2)  # the same run again: exit status 0 (run_job checks)
@@ -57,6 +65,7 @@ def test_a_finished_runs_directory_says_nothing_is_left_and_exits_0(finished, tm
     assert "resuming" not in job.output, job.output[-3000:]
 
 
+@multirank
 def test_a_resumed_run_says_where_and_how_much_is_left_before_it_trains(finished, tmp_path):
     directory = copy_of(finished, tmp_path)
     job = fit(tmp_path, directory, 5)
@@ -68,3 +77,101 @@ def test_a_resumed_run_says_where_and_how_much_is_left_before_it_trains(finished
     first = lines(job).index("batch 3.1")  # epochs 1 and 2 are not trained again
     assert said[0] < first and batches(job)[0] == "batch 3.1", job.output[-3000:]
     assert batches(job)[-1] == "batch 5.4" and lines(job)[-1] == "done", job.output[-3000:]
+
+
+# -- the docs name what exists ----------------------------------------------------------
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+#: Pages whose flags are a benchmark's or an example's own, not the launcher's.
+SCRIPT_PAGES = {"benchmarks.md", "fruits360.md"}
+#: Open MPI's flags, which the docs name as such (mpirun, ompi_info).
+OPEN_MPI_FLAGS = {"--with-ft", "--allow-run-as-root", "--oversubscribe", "--without-cuda",
+                  "--mca", "--prtemca", "--bind-to"}
+FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
+
+
+def launcher_flags():
+    """Every option string of elastic-hvd-run, as ``--help`` lists them."""
+    from elastic_hvd.runner import launch
+    return {flag for line in launch.parser().format_help().splitlines()
+            if line.startswith("  -") for flag in FLAG.findall(re.split(r"\s\s", line[2:])[0])}
+
+
+def test_every_launcher_flag_the_docs_name_exists():
+    flags, wrong = launcher_flags(), []
+    for path in DOCS:
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            # the launcher's part of a command line: up to the program, a comment, a cell's end
+            named = [re.split(r"`|#|\|| python", part)[0]
+                     for part in line.split("elastic-hvd-run")[1:]]
+            if path.name not in SCRIPT_PAGES:  # and every flag the prose names
+                named += re.findall(r"`([^`]*)`", line)
+            for text in named:
+                text = re.sub(r'"[^"]*"', "", text)  # --mpi-args "--bind-to none"
+                wrong += [f"{path.name}:{number}: {flag}" for flag in FLAG.findall(text)
+                          if flag not in flags | OPEN_MPI_FLAGS]
+    assert not wrong, f"no such elastic-hvd-run flag: {wrong}"
+
+
+def documented_calls():
+    """``(page, the call's dotted name, the call)`` for every call of ``hvd.*`` or ``kc.*``
+    in the docs' Python blocks (which must be Python)."""
+    for path in DOCS:
+        for block in re.findall(r"```python\n(.*?)```", path.read_text(), re.S):
+            try:
+                tree = ast.parse(block)
+            except SyntaxError as exc:
+                pytest.fail(f"{path.name}: a python block that is not Python ({exc}):\n{block}")
+            for node in ast.walk(tree):
+                if isinstance(node, ast.Call):
+                    name, func = [], node.func
+                    while isinstance(func, ast.Attribute):
+                        name, func = [func.attr, *name], func.value
+                    if isinstance(func, ast.Name) and func.id in ("hvd", "kc") and name:
+                        yield path.name, ".".join([func.id, *name]), node
+
+
+def test_every_keyword_the_docs_pass_exists():
+    import tensorflow as tf
+
+    import elastic_hvd.tensorflow.keras as hvd
+    import keras_callbacks as kc
+    wrong, checked = [], 0
+    for page, name, call in documented_calls():
+        target = {"hvd": hvd, "kc": kc}[name.split(".")[0]]
+        for part in name.split(".")[1:]:
+            target = getattr(target, part)
+        parameters = inspect.signature(target).parameters
+        if target is hvd.fit:  # the rest go to model.fit
+            parameters = {**inspect.signature(tf.keras.Model.fit).parameters, **parameters}
+        takes_any = any(p.kind is p.VAR_KEYWORD for p in parameters.values())
+        for keyword in call.keywords:
+            checked += 1
+            if keyword.arg is not None and keyword.arg not in parameters and not (
+                    takes_any and target is not hvd.fit):
+                wrong.append(f"{page}: {name}({keyword.arg}=)")
+    assert checked >= 10 and not wrong, f"no such keyword argument: {wrong}"
+
+
+def test_hvd_fits_arguments_in_training_md_are_its_own():
+    import elastic_hvd.tensorflow.keras as hvd
+    text = " ".join((ROOT / "docs" / "training.md").read_text().split())
+    paragraph = text.split("Its arguments:")[1].split("Other keyword arguments")[0]
+    named = set(re.findall(r"`([a-z_]+)(?:=[^`]*)?`", paragraph))
+    assert len(named) >= 7, paragraph
+    assert named <= set(inspect.signature(hvd.fit).parameters), \
+        named - set(inspect.signature(hvd.fit).parameters)
+
+
+def test_the_spares_help_says_what_the_docs_say():
+    """A plain Horovod script regains its size with spares (docs/growth.md, the README,
+    ELASTIC_HVD_SPARES_WAIT=init): before, ``--help`` said --spares needed a growth point."""
+    from elastic_hvd.core import config
+    from elastic_hvd.runner import launch
+    text = " ".join(launch.parser().format_help().split())
+    spares = text.split("--spares K ")[1].split(" --max-np")[0]
+    assert "plain Horovod" in spares and "growth point" in spares, spares
+    assert "needs a growth point" not in spares, spares
+    growth = (ROOT / "docs" / "growth.md").read_text()
+    assert "**Spares for a plain Horovod-style script**" in growth
+    wait = next(s for s in config.SETTINGS if s.name == "spares_wait")
+    assert "plain Horovod script" in " ".join(wait.doc.split()), wait

@@ -28,9 +28,9 @@ def fit(model: Any, data: ElasticData, epochs: int = 1, *, initial_epoch: int = 
         validation_data: Sequence[Any] | None = None, verbose: int | None = None,
         **kwargs: Any) -> Any:
     """Train ``model`` (compiled with ``hvd.DistributedOptimizer``) on ``data`` (an
-    :class:`~elastic_hvd.tensorflow.data.ElasticData`: its ``batch_size`` is per rank,
-    so a step trains ``batch_size`` x the live ranks' count) for ``epochs``; returns
-    Keras' ``History``.
+    :class:`~elastic_hvd.tensorflow.data.ElasticData`, whose ``batch_size`` is per rank,
+    as in Horovod: a step trains that many samples on each live rank) for ``epochs``;
+    returns Keras' ``History``.
 
     ``checkpoint_dir``: resume from and save to it every epoch (a job that falls
     below ``min_np`` saves and exits with status 3); before training, rank 0 says where
