@@ -2,7 +2,13 @@
 
 The console line of each change comes from the core (``elastic_hvd.core.announce``),
 for every kind of script; this log adds where training was and the learning rate
-before and after."""
+before and after.
+
+Every rank makes sure at the start of training that it can write the log (and the
+TensorBoard directory): any of them may become its writer, and the first record
+comes at the first change -- a path that cannot be written would otherwise show
+in production, at the first lost rank, not when the script is tried.
+"""
 
 import json
 import os
@@ -12,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import tensorflow as tf
 
-from elastic_hvd.core import runtime
+from elastic_hvd.core import runtime, safe_files
 from elastic_hvd.tensorflow.keras.callbacks import get_lr
 
 from .base import MembershipCallback
@@ -54,6 +60,7 @@ class MembershipEventLog(MembershipCallback):
         self._steps_done = 0
 
     def on_train_begin(self, logs: dict | None = None) -> None:
+        self._check_paths()
         anomalies = self.comm.anomalies.listeners
         if self._on_anomaly not in anomalies:
             anomalies.add(self._on_anomaly)
@@ -79,10 +86,29 @@ class MembershipEventLog(MembershipCallback):
     def record_resume(self, record: dict[str, Any]) -> None:
         """Log a restart from a checkpoint (``ElasticCheckpoint.resumed``): the
         job's size and learning rate may have changed since it was written."""
+        self._check_paths()
         record = {"time": time.time(), **record}
         self.records.append(record)
         if runtime.current().rank == 0:
             self._append(record)
+
+    def _check_paths(self) -> None:
+        """The log's directory made (0700) if missing and the log opened for appending;
+        the TensorBoard directory likewise.  ``UnsafePathError`` (one line) if not."""
+        directories = [("event log directory", os.path.dirname(os.path.abspath(self.path)))]
+        if self.log_dir and "://" not in self.log_dir:  # tf.summary also writes to gs:// etc.
+            directories.append(("TensorBoard directory", os.path.join(self.log_dir, "elastic")))
+        for what, directory in directories:
+            if not os.path.isdir(directory):
+                safe_files.checked_dir(directory, what)
+            elif not os.access(directory, os.W_OK | os.X_OK):
+                raise safe_files.UnsafePathError(f"{what} {directory}: not writable")
+        try:
+            with open(self.path, "a"):
+                pass
+        except OSError as exc:
+            raise safe_files.UnsafePathError(f"event log {self.path}: cannot be written "
+                                             f"({exc.strerror or exc})") from None
 
     def _append(self, record: dict[str, Any]) -> None:
         with open(self.path, "a") as f:

@@ -20,13 +20,25 @@ broadcast) still gets every event; handlers are called at step boundaries
 checkpoint...), and each *kind* of handler applies an event once, even if the
 script builds a new callback instance for a second ``fit()``.
 
+A handler that raises does not end the rank as if it had been lost (the others
+would announce "lost rank N" for a bug in a log writer).  Handlers ordered before
+:data:`REPORT` change what every rank trains (data, learning rate): one that could
+not apply a change cannot train alike with the others, so its error stops the rank,
+as an error naming the handler.  From :data:`REPORT` on (logs, checkpoints, a
+script's own callbacks) the rank says which handler failed, on which change, and
+its traceback, and trains on: losing the job to a report is worse than the report.
+
 What it does not cover: collectives outside a step transaction (metric
 averaging, broadcasts) are each their own transaction, as before.
 """
 
+import sys
+import traceback
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from .announce import stdout_is_terminal
+from .errors import ElasticHvdError
 from .membership import Listeners, MembershipEvent
 
 if TYPE_CHECKING:
@@ -75,10 +87,26 @@ class Session:
                 return
             first = min(self._applied.get(kind, 0) for _, kind, _ in pending)
             event = events[first]
-            for _order, kind, handler in sorted(pending, key=lambda p: p[0]):
+            for order, kind, handler in sorted(pending, key=lambda p: p[0]):
                 if self._applied.get(kind, 0) == first:
                     self._applied[kind] = first + 1
-                    handler(event)
+                    self._apply(order, kind, handler, event)
+
+    def _apply(self, order: int, kind: str, handler: Callable[[MembershipEvent], Any],
+               event: MembershipEvent) -> None:
+        """``handler(event)``; its error raised or reported as the module doc says."""
+        try:
+            handler(event)
+        except Exception as exc:
+            what = (f"the membership handler {kind} failed on rank {self.comm.rank} at the "
+                    f"change {event.old_size} -> {event.new_size} ranks: "
+                    f"{type(exc).__name__}: {exc}")
+            if order < REPORT:
+                raise ElasticHvdError(f"{what}; it changes what every rank trains, so this "
+                                      "rank cannot go on with the others") from exc
+            start = "\n" if stdout_is_terminal() else ""  # a progress bar may be half-drawn
+            print(f"{start}elastic_hvd: {what}; training goes on without what it does for this "
+                  f"change\n{traceback.format_exc()}", file=sys.stderr, end="", flush=True)
 
     # -- state ------------------------------------------------------------------------
     def state(self) -> dict[str, Any]:
