@@ -16,6 +16,7 @@ import collections
 import json
 import os
 import random
+import re
 import signal
 import time
 
@@ -206,7 +207,8 @@ def test_clean_leave_right_after_a_loss_while_the_others_respawn(tmp_path):
               launcher=["--respawn"], env={"TEST_SIGTERM_EXITS": "1"})
     out, results = tmp_path / "out", job.results
     assert "MismatchError" not in job.output, job.output[-4000:]
-    assert "(id 3) leaves the job" in job.output, job.output[-4000:]
+    # id 3 is rank 3, or rank 2 once id 2's loss was repaired (announce.who).
+    assert re.search(r"rank (3|2 \(id 3\)) leaves the job", job.output), job.output[-4000:]
     ids = sorted(results)  # joiners (4, 5...) may be adopted before the end, or not
     assert ids[:2] == [0, 1] and all(i >= 4 for i in ids[2:]), job.output[-4000:]
     assert len({r["digest"] for r in results.values()}) == 1, "survivors' weights differ"
