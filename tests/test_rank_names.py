@@ -162,3 +162,20 @@ def test_a_spare_job_names_every_rank_one_way(spare_job):
                                      r"at the same place as rank \d+( \(id \d\))?$", line)
                             for line in reported), reported
     assert (1, 3) in names and (3, 3) not in names, names  # id 3 is never "rank 3"
+
+
+@pytest.mark.multirank
+def test_a_waiting_spare_says_what_it_is_and_the_announcement_names_it_by_its_place(tmp_path):
+    # -np 3 --spares 1 with a growth point (the core's growth worker): id 1 is killed at
+    # step 10; the spare (world rank 3) joins last, as rank 2 with id 3.  Before, the
+    # spare's script saw "rank 3 of 4" unexplained, and the announcement said "gained
+    # rank 3 ... 2 -> 3 ranks".
+    job = run_job("growth_scenarios.py", 60, np=3, faults="rank=1,step=10",
+                  launcher=["--spares", "1"], tmp_path=tmp_path, timeout=120)
+    lines = [line for line in job.output.splitlines() if OURS.match(line)]
+    assert ("elastic_hvd: world rank 3 is a hot spare, waiting to replace a lost rank: until it "
+            "joins it reports rank 3 of 4 (as if it had joined last) and has no id; it gets the "
+            "next free id when it joins") in lines, job.output[-4000:]
+    changes = [line.split("] ", 1)[1] for line in lines if line.startswith("[elastic_hvd ")]
+    assert [re.split(" after |: ", c)[0] for c in changes] == [
+        "lost rank 1", "gained rank 2 (id 3)"], changes
