@@ -111,3 +111,17 @@ def test_a_failing_membership_handler_is_reported_and_training_goes_on(tmp_path,
     assert "Traceback" in job.output and "in handle" in job.output, job.output[-6000:]
     assert "lost rank 0" not in job.output, job.output[-6000:]
     assert [(r["lost"], r["new_size"]) for r in records(events)] == [([2], 2)]
+
+
+def test_a_failing_learning_rate_handler_stops_the_ranks_naming_it(tmp_path):
+    """A handler ordered before the reports changes what every rank trains: a rank that
+    could not apply the change cannot go on alike with the others."""
+    job = run_job("first_day.py", tmp_path / "events.jsonl", "lr", np=3, faults="rank=2,step=3",
+                  tmp_path=tmp_path, expect_rc=1)
+    assert not job.results, job.output[-6000:]
+    said = ("ElasticHvdError: the membership handler __main__.BrokenReport failed on rank {} at "
+            "the change 3 -> 2 ranks: ValueError: broken report of 3 -> 2 ranks; it changes what "
+            "every rank trains, so this rank cannot go on with the others")
+    for rank in (0, 1):
+        assert said.format(rank) in job.output, job.output[-6000:]
+    assert "lost rank 0" not in job.output, job.output[-6000:]

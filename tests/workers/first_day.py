@@ -1,11 +1,13 @@
 """hvd.fit whose event log lies where nothing made a directory yet; ranks report JSON.
 
-    python first_day.py <events path> [every|rank0]
+    python first_day.py <events path> [every|rank0|lr]
 
 ``every`` adds a membership callback whose handler raises at every change on every
 rank, ``rank0`` one that raises on the current rank 0 only (as the event log's
 writer did with a missing directory): a report that fails (a logging callback's
-bug) must not cost the job, nor be taken for the loss of a rank.
+bug) must not cost the job, nor be taken for the loss of a rank.  ``lr``: one that
+raises on every rank, ordered with the learning-rate handlers (what every rank
+trains on: an error there stops the ranks, naming it).
 """
 
 import os
@@ -18,7 +20,7 @@ import tensorflow as tf  # noqa: E402
 
 import report  # noqa: E402
 import elastic_hvd.tensorflow.keras as hvd  # noqa: E402
-from elastic_hvd.core import runtime  # noqa: E402
+from elastic_hvd.core import runtime, session  # noqa: E402
 from keras_callbacks.base import MembershipCallback  # noqa: E402
 
 
@@ -28,9 +30,11 @@ class BrokenReport(MembershipCallback):
     def __init__(self, where):
         super().__init__()
         self.where = where
+        if where == "lr":
+            self.ORDER = session.LEARNING_RATE
 
     def handle(self, event):
-        if self.where == "every" or self.comm.rank == 0:
+        if self.where != "rank0" or self.comm.rank == 0:
             raise ValueError(f"broken report of {event.old_size} -> {event.new_size} ranks")
 
 
