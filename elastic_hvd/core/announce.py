@@ -5,7 +5,8 @@ at start, a learning rate scaled by ``hvd.size()`` once) has no callback that wo
 say it, and a lost rank changes what such a run trains -- the user must hear it.
 The layers that act on a change (the elastic data, the learning-rate rescaler) say
 what they do through :func:`effect`; what no layer handles is said as what it means
-for the run.  ``ELASTIC_HVD_ANNOUNCE=0`` turns the lines off.
+for the run.  ``ELASTIC_HVD_ANNOUNCE=0`` turns the lines off.  Every message of the
+job names a rank as :func:`who` does, so that one process keeps one name.
 """
 
 import sys
@@ -165,7 +166,7 @@ class _LineWatch:
 
 def watch_stdout() -> None:
     """Watch ``sys.stdout`` for :func:`mid_line` (once per process)."""
-    if not isinstance(sys.stdout, _LineWatch):
+    if sys.stdout is not None and not isinstance(sys.stdout, _LineWatch):
         sys.stdout = cast(TextIO, _LineWatch(sys.stdout))
 
 
