@@ -18,23 +18,20 @@ from mpijob import job_ranks, run_job
 
 pytestmark = pytest.mark.multirank
 
-FIT = {"TEST_STEP_SLEEP": "0.2"}
+FIT = {"TEST_STEP_SLEEP": "0.15"}
 # One worker holds both kinds of script: the plain one is told where its spare waits
 # (elastic-hvd-run finds that itself in a script without hvd.fit).
 PLAIN = {"TEST_STEP_SLEEP": "0.05", "ELASTIC_HVD_SPARES_WAIT": "init"}
 
 
 def kill_after_epochs(rank, epochs):
-    """A watcher: SIGKILL world rank ``rank`` once rank 0's CSV has ``epochs`` rows
+    """A watcher: SIGKILL world rank ``rank`` once ``epochs`` epochs have ended
     (training is under way, whatever the machine's load)."""
     def watch(out, marker):
         deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
-            if (out / "log.csv").exists() and \
-                    len((out / "log.csv").read_text().splitlines()) > epochs:
-                os.kill(job_ranks(marker)[rank], signal.SIGKILL)
-                return
+        while not (out / f"epoch-{epochs - 1}").exists() and time.monotonic() < deadline:
             time.sleep(0.05)
+        os.kill(job_ranks(marker)[rank], signal.SIGKILL)
     return watch
 
 
@@ -49,7 +46,7 @@ def idiom(tmp_path, mode, epochs, np_, spares, env, kill, *args):
 def test_a_spare_joins_a_fit_whose_rank_0_alone_has_a_csv_logger(tmp_path):
     # Before: the spare died ("the same callbacks as the job (8 here, 9 there)") and
     # the job ended on 1 rank.
-    job = idiom(tmp_path, "fit", 12, 2, 1, FIT, (1, 1))
+    job = idiom(tmp_path, "fit", 8, 2, 1, FIT, (1, 1))
     assert job.returncode == 0, job.output[-4000:]
     assert "same callbacks" not in job.output
     assert sorted(job.results) == [0, 2], job.output[-4000:]
@@ -91,7 +88,7 @@ def test_a_lost_rank_0_says_which_of_its_callbacks_stopped(tmp_path):
 def test_a_joiner_without_the_jobs_elastic_callback_is_told_which(tmp_path):
     # Rank 0 alone logs membership events (an elastic_hvd callback: its live state
     # travels to a joiner): the joiner must name it.  Before: "(8 here, 9 there)".
-    job = idiom(tmp_path, "fit", 12, 2, 1, FIT, (1, 1), "events-on-rank-0")
+    job = idiom(tmp_path, "fit", 8, 2, 1, FIT, (1, 1), "events-on-rank-0")
     assert ("elastic_hvd callback #2 is missing here and MembershipEventLog in the job"
             in job.output), job.output[-4000:]
     assert "give these callbacks to every rank alike" in job.output

@@ -9,7 +9,8 @@ elastic_hvd callback given to one rank: a joiner must fail, naming it).  ``plain
 plain Horovod script (data by ``hvd.rank()``, ``model.fit``; a spare takes the lost
 rank's number, waiting in ``init()``), which also saves a ``ModelCheckpoint`` on rank 0.
 A ``started-<pid>`` marker before ``init()`` (the test's watcher kills from outside);
-TEST_STEP_SLEEP slows every step down; a result file per process that ends training.
+TEST_STEP_SLEEP slows every step down; an
+``epoch-<n>`` marker once epoch n ended; a result file per process that ends training.
 """
 
 import json
@@ -31,8 +32,13 @@ open(os.path.join(OUT, f"started-{os.getpid()}"), "w").close()
 
 
 class Slow(tf.keras.callbacks.Callback):
+    """A pause per step (the job lasts), and an ``epoch-<n>`` marker per epoch ended."""
+
     def on_train_batch_end(self, batch, logs=None):
         time.sleep(float(os.environ.get("TEST_STEP_SLEEP", "0")))
+
+    def on_epoch_end(self, epoch, logs=None):
+        open(os.path.join(OUT, f"epoch-{epoch}"), "w").close()
 
 
 hvd.init()
