@@ -135,6 +135,11 @@ class ElasticCheckpoint(tf.keras.callbacks.Callback):
     def load_live_state(self, state: dict[str, Any]) -> None:
         self.saves, self.failed_saves = state["saves"], state["failed_saves"]
 
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        # Every rank (any may become the writer): a directory that cannot be used stops
+        # the job at its start, in one line, rather than at its first save.
+        self.files.checked_dir()
+
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         self.epoch = epoch
 

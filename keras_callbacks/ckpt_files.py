@@ -86,7 +86,8 @@ class CheckpointFiles:
         """Whether the directory may be shared (then only our own files are read)."""
         return bool(config.current().shared_dirs)
 
-    def _checked_dir(self) -> str:
+    def checked_dir(self) -> str:
+        """The directory, created (0700) or checked: see ``safe_files.checked_dir``."""
         return safe_files.checked_dir(self.directory, "checkpoint directory", self.shared())
 
     def invalid(self, reason: str) -> ValueError:
@@ -102,7 +103,7 @@ class CheckpointFiles:
         deleting it would reach outside the directory).
         :class:`~elastic_hvd.core.safe_files.UnsafePathError` if the directory
         is not to be trusted."""
-        self._checked_dir()
+        self.checked_dir()
         try:
             meta = json.loads(safe_files.read_regular(self.meta_path, META_MAX_BYTES,
                                                       owned=self.shared()))

@@ -231,7 +231,7 @@ def test_the_launchers_copy_is_read_as_data(tmp_path, keeper, capfd):
     assert "ignoring the launcher's copy of the state" in capfd.readouterr().err
     state_replica.put([8], blob)
     epoch, restored = restore(tmp_path)
-    assert epoch == 1 and "from the launcher's copy of step 7" in capfd.readouterr().err
+    assert epoch == 1 and "from the launcher's copy of step 7" in capfd.readouterr().out
     for a, b in zip(model.get_weights(), restored.get_weights()):
         np.testing.assert_array_equal(a, b)
 
@@ -545,3 +545,17 @@ def test_malformed_checkpoint_json_gives_only_the_documented_error(tmp_path):
     finally:
         signal.signal(signal.SIGALRM, previous)
     assert outcomes["refused"] > len(cases) // 2, outcomes
+
+
+def test_the_directory_is_made_or_refused_when_training_starts(tmp_path, public):
+    """Not at the first save, an epoch later (issue 42: every path the job writes is
+    checked at its start), on every rank: any rank may become the writer."""
+    from keras_callbacks import ElasticCheckpoint
+    made = ElasticCheckpoint(str(tmp_path / "new" / "ckpt"))
+    made.on_train_begin()
+    assert oct((tmp_path / "new" / "ckpt").stat().st_mode & 0o777) == "0o700"
+    (tmp_path / "taken").write_text("a file")
+    with pytest.raises(PermissionError, match="taken is not a directory$"):
+        ElasticCheckpoint(str(tmp_path / "taken")).on_train_begin()
+    with pytest.raises(PermissionError, match="writable by group or others"):
+        ElasticCheckpoint(str(public)).on_train_begin()

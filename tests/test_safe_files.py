@@ -49,8 +49,11 @@ def test_the_setting_says_whether_shared_is_meant(sticky, monkeypatch):
 
 def test_a_file_in_place_of_the_directory_is_refused(tmp_path):
     (tmp_path / "f").write_text("")
-    with pytest.raises(UnsafePathError, match="cannot be created or used"):
+    with pytest.raises(UnsafePathError, match="f is not a directory$"):
         safe_files.checked_dir(tmp_path / "f", "the board", shared=False)
+    (tmp_path / "link").symlink_to(tmp_path / "nowhere")
+    with pytest.raises(UnsafePathError, match="link is not a directory$"):
+        safe_files.checked_dir(tmp_path / "link", "the board", shared=False)
 
 
 @pytest.mark.parametrize("plant", ["symlink", "fifo", "directory", "device", "too_big"])

@@ -45,6 +45,8 @@ def checked_dir(path: str | os.PathLike[str], what: str, shared: bool | None = N
     path = os.fspath(path)
     if shared is None:
         shared = bool(config.read("shared_dirs"))
+    if os.path.lexists(path) and not os.path.isdir(path):
+        raise UnsafePathError(f"{what} {path} is not a directory")
     try:
         os.makedirs(path, mode=0o700, exist_ok=True)
         info = os.stat(path)
