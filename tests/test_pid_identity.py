@@ -148,6 +148,6 @@ def test_the_fence_spares_a_process_that_got_the_lost_ranks_pid(tmp_path):
         assert sorted(job.results) == [0, 1], job.output[-3000:]
         assert all(r["wrong"] == [] and r["ids"] == [0, 1] for r in job.results.values())
         assert sleep.poll() is None, f"the fence killed process {sleep.pid} (a sleep)"
-        assert (f"elastic_hvd: the lost original rank 2: not signalled: its pid {sleep.pid} "
+        assert (f"elastic_hvd: the lost id 2: not signalled: its pid {sleep.pid} "
                 "was reused") in job.output
     sleep.wait()

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 import numpy as np
 
-from . import config, faults, mpi_env, signals, workarounds
+from . import announce, config, faults, mpi_env, signals, workarounds
 from .collectives import CollectivesMixin
 from .errors import (ElasticHvdError, JoinOrderError, MismatchError, RanksBelowMinimumError,
                      RemoteCollectiveError)
@@ -328,7 +328,7 @@ class ResilientComm(JoiningMixin, RepairMixin, CollectivesMixin):
             except BaseException as exc:
                 if not isinstance(exc, Exception) and not self.joining:
                     workarounds.used("interrupted_protocol_crash")
-                    mpi_env.end_as_crash(f"rank {self.rank} (original {self.original_id}) was "
+                    mpi_env.end_as_crash(f"{announce.who(self.rank, self.original_id)} was "
                                          f"interrupted by {type(exc).__name__} inside a "
                                          "collective's protocol")
                 raise
@@ -365,7 +365,8 @@ class ResilientComm(JoiningMixin, RepairMixin, CollectivesMixin):
             # value.  Revoke, so that none of them goes on with this rank unawares
             # (their next collective repairs), and raise here.
             self.revoke(comm)
-            raise ElasticHvdError(f"MPI_Comm_agree failed on original rank {self.original_id}: "
+            who = announce.who(None, self.original_id)
+            raise ElasticHvdError(f"MPI_Comm_agree failed on {who}: "
                                   f"{exc.Get_error_string()}") from exc
         if value & ~OUTCOME_MASK == stamp:
             if self._anomaly_deadline is not None:  # repaired: the ranks agree again
@@ -410,7 +411,7 @@ class ResilientComm(JoiningMixin, RepairMixin, CollectivesMixin):
         if self._anomaly_deadline is None:
             limit = ANOMALY_REPAIR_DEADLINE * (1 + self.rank)
             self._anomaly_deadline = threading.Timer(limit, mpi_env.end_as_crash, args=(
-                f"rank {self.rank} (original {self.original_id}) did not agree with the "
+                f"{announce.who(self.rank, self.original_id)} did not agree with the "
                 f"others again within {limit:.0f}s of an anomaly",))
             self._anomaly_deadline.daemon = True
             self._anomaly_deadline.start()

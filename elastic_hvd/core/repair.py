@@ -14,7 +14,7 @@ import traceback
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from . import faults, mpi_env, signals, workarounds
+from . import announce, faults, mpi_env, signals, workarounds
 from .errors import ElasticHvdError, RanksBelowMinimumError
 from .membership import Listeners, MembershipEvent
 
@@ -186,7 +186,7 @@ class RepairMixin:
             new = comm.Shrink()
         except self.MPI.Exception as exc:
             raise ElasticHvdError(f"cannot repair the communicator: MPI_Comm_shrink failed on "
-                                  f"original rank {self.original_id}: "
+                                  f"{announce.who(None, self.original_id)}: "
                                   f"{exc.Get_error_string()}") from exc
         new.Set_errhandler(self.MPI.ERRORS_RETURN)
         faults.at_repair()
@@ -207,4 +207,4 @@ class RepairMixin:
             for i in lost:
                 lost_host, who = self._procs.get(i, (None, None))
                 if lost_host == host and who is not None:
-                    signals.kill(who, f"the lost original rank {i}")
+                    signals.kill(who, f"the lost {announce.who(None, i)}")

@@ -28,7 +28,7 @@ import sys
 import threading
 import time
 
-from . import config, process, signals, workarounds
+from . import announce, config, process, signals, workarounds
 from .procfs import START, stat_fields
 
 #: Heartbeat timeouts a member must stay stopped before it is killed: past the
@@ -77,7 +77,7 @@ class StoppedPeers:
         for rank, i in enumerate(comm.ids):
             host, who = comm.process_of(i)
             if host == self._host and who is not None and (state := state_of(who)):
-                here.append((f"rank {rank} (original rank {i}, pid {who.pid})", who, state))
+                here.append((f"{announce.who(rank, i)}, pid {who.pid}", who, state))
         members = len(here)
         for host, who in comm.pending_processes():
             if host == self._host and (state := state_of(who)):
