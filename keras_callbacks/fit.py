@@ -52,6 +52,9 @@ def fit_elastic(model: Any, dataset: Any, epochs: int, initial_epoch: int = 0,
             step = model.fit(dataset, epochs=epoch + 1, initial_epoch=epoch, callbacks=in_fit,
                              **kwargs)
         history.epoch += step.epoch
+        for callback in callbacks:  # Keras' CSVLogger truncates its file at every fit:
+            if isinstance(callback, tf.keras.callbacks.CSVLogger):  # one run, one file
+                callback.append = True
         for key, values in step.history.items():
             history.history.setdefault(key, []).extend(values)
         if model.stop_training:

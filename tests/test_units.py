@@ -627,3 +627,20 @@ def test_fit_elastic_bounds_keras_3_epochs_yet_each_ends_with_its_data(cluster):
     assert seen == [(0, None, [0, 1, 2, "v0", "v1"]), (1, None, [0, 1, 2, 3, 4, "v0", "v1"]),
                     (2, None, [0, 1, "v0", "v1"])]
     assert history.epoch == [0, 1, 2] and len(history.history["val_loss"]) == 3
+
+
+def test_fit_elastic_keeps_every_epochs_row_of_a_csv_logger(cluster, tmp_path):
+    """fit_elastic runs one ``model.fit`` per epoch, and Keras' CSVLogger truncates its
+    file at every fit: a run kept only its last epoch's row (issue 42)."""
+    tf = pytest.importorskip("tensorflow")
+    from keras_callbacks.fit import fit_elastic
+    cluster(1).joining = False
+    path = tmp_path / "log.csv"
+    path.write_text("an earlier run's rows\n")  # a new run still starts the file afresh
+    dataset = tf.data.Dataset.from_tensors((np.ones((2, 1), np.float32),) * 2)
+    model = tf.keras.Sequential([tf.keras.Input((1,)), tf.keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    fit_elastic(model, dataset, epochs=3, verbose=0,
+                callbacks=[tf.keras.callbacks.CSVLogger(str(path))])
+    rows = path.read_text().splitlines()
+    assert [row.split(",")[0] for row in rows] == ["epoch", "0", "1", "2"], rows

@@ -601,7 +601,8 @@ class Growth:
         book = {"comm": comm.book(), "ids": ids, "old": old_ids, "slots": self.slots,
                 "next_id": self.next_id, "spawns": self.spawns, "pool": self.pool}
         try:  # a plain broadcast: a joiner must never wait in an agreement for ranks
-            adopted.bcast(book, root=0)  # that might still send it away (see join())
+            # that might still send it away (see join())
+            adopted.bcast(book, root=_book_root(pending.slot))
         except MPI.Exception:
             pass  # whoever died is repaired in the next (resilient) exchange
         comm.settle(adopted)
@@ -656,7 +657,7 @@ class Growth:
             slot = self.replacing  # "adopted": the ranks committed to this join
             adopted = merged.Dup() if slot is None else merged.Split(0, slot)
             adopted.Set_errhandler(MPI.ERRORS_RETURN)
-            book = adopted.bcast(None, root=0)
+            book = adopted.bcast(None, root=_book_root(slot))
         except MPI.Exception as exc:
             broken = [c for c in (adopted, merged) if c is not None]
             if adoption is None:
@@ -755,3 +756,9 @@ def leave_unjoined(why: str, *comms: Any, finalize: bool = True,
         heartbeat.stop()
         mpi_env.finalize(mpi_env.CONNECTED_FINALIZE_DEADLINE, lambda: os._exit(0))
     os._exit(0)
+
+
+def _book_root(slot: int | None) -> int:
+    """The rank of the adopted communicator that sends the book: its rank 0, unless a
+    spare took slot 0 (rank 0's place): then the spare is rank 0, and the next one sends."""
+    return 1 if slot == 0 else 0
