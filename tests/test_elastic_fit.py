@@ -203,7 +203,7 @@ def test_clean_leave_right_after_a_loss_while_the_others_respawn(tmp_path):
     # leave in an agreement that met the others' bare agreement on their respawn's
     # outcome: it read a mismatch, they read "spawn failed", and they went on to
     # different exchanges: MismatchError on every rank (and exit status 0).
-    job = fit(tmp_path, faults="rank=2,coll=6;rank=3,coll=6,signal=TERM,delay=0.0025",
+    job = fit(tmp_path, faults="rank=2,coll=7;rank=3,coll=7,signal=TERM,delay=0.0025",
               launcher=["--respawn"], env={"TEST_SIGTERM_EXITS": "1"})
     out, results = tmp_path / "out", job.results
     assert "MismatchError" not in job.output, job.output[-4000:]
