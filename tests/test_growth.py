@@ -118,7 +118,7 @@ def test_a_stopped_joiner_is_killed_by_a_rank_on_its_host(tmp_path):
         results, ids = grown(job)
         assert stopped, job.output[-4000:]
         killed = [line for line in job.output.splitlines()
-                  if f"pid {stopped[0]}) has been stopped for" in line]
+                  if f"pid {stopped[0]} has been stopped for" in line]
         assert len(killed) == 1 and "killing it" in killed[0], job.output[-4000:]
         events = check_history(results, ids)
         assert [(e["lost"], e["gained"]) for e in events] == \
