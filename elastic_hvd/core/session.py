@@ -37,7 +37,7 @@ import traceback
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from .announce import stdout_is_terminal
+from .announce import mid_line
 from .errors import ElasticHvdError
 from .membership import Listeners, MembershipEvent
 
@@ -104,7 +104,7 @@ class Session:
             if order < REPORT:
                 raise ElasticHvdError(f"{what}; it changes what every rank trains, so this "
                                       "rank cannot go on with the others") from exc
-            start = "\n" if stdout_is_terminal() else ""  # a progress bar may be half-drawn
+            start = "\n" if mid_line() else ""  # after a half-drawn progress bar
             print(f"{start}elastic_hvd: {what}; training goes on without what it does for this "
                   f"change\n{traceback.format_exc()}", file=sys.stderr, end="", flush=True)
 

@@ -25,7 +25,6 @@ announcement, which of rank 0's stopped with it.
 """
 
 import collections
-
 import functools
 import inspect
 import sys
