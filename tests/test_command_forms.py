@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 
 from elastic_hvd.core import config
-from elastic_hvd.runner import launch, reports
+from elastic_hvd.runner import launch, reports, watch
+from elastic_hvd.runner.command import build_command
 from mpijob import WORKERS, _run
 
 WORKER = WORKERS / "command_forms.py"
@@ -123,7 +124,7 @@ def test_a_wrapper_jobs_replacements_record_their_end(tmp_path):
     (["./run.sh", "a"], "supervisor"), (["sh", "-c", "exit 3"], "supervisor"),
     (["python", "-"], "supervisor")])
 def test_every_command_is_recorded_by_one_wrapper(command, wrapped):
-    cmd = launch.build_command(launch.parser().parse_args(["-np", "2", *command]), "mpirun")
+    cmd = build_command(launch.parser().parse_args(["-np", "2", *command]), "mpirun")
     modules = [cmd[i + 1] for i, arg in enumerate(cmd) if arg == "-m"]
     assert [m for m in modules if m.startswith("elastic_hvd.runner.")] == \
         [f"elastic_hvd.runner.{wrapped}"], cmd
@@ -243,6 +244,6 @@ def test_a_killed_supervisor_leaves_no_child(tmp_path):
     proc.kill()
     proc.wait(timeout=10)
     deadline = time.monotonic() + 10
-    while launch.process_state(child) not in ("", "Z", "X"):
+    while watch.process_state(child) not in ("", "Z", "X"):
         assert time.monotonic() < deadline, "the child outlived its supervisor"
         time.sleep(0.05)

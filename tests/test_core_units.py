@@ -17,7 +17,7 @@ from elastic_hvd.core.collectives import even_splits
 from elastic_hvd.core import config, growth, process, signals
 from elastic_hvd.core.stopped_peers import StoppedPeers, state_of
 from elastic_hvd.core.signature import SignaturePredictor
-from elastic_hvd.runner import launch
+from elastic_hvd.runner import command, launch, outcome
 
 
 def test_fault_plan_parses_and_rejects():
@@ -193,21 +193,21 @@ def test_launcher_command_uses_our_mpirun_and_ulfm(tmp_path):
     args = launch.parser().parse_args(
         ["-np", "8", "--min-np", "2", "-x", "A=1", "--mpi-args", "--bind-to none",
          "python", "train.py", "--epochs", "3"])
-    cmd = launch.build_command(args, mpirun="/x/mpirun")
+    cmd = command.build_command(args, mpirun="/x/mpirun")
     assert cmd[:3] == ["/x/mpirun", "-np", "8"]
     assert ["--with-ft", "ulfm"] == cmd[3:5]
     assert "-x" in cmd and "ELASTIC_HVD_MIN_NP=2" in cmd and "A=1" in cmd
     assert "--bind-to" in cmd and cmd[-3:] == ["train.py", "--epochs", "3"]
     assert ("--oversubscribe" in cmd) == (8 > (os.cpu_count() or 1))
     assert ("--allow-run-as-root" in cmd) == (os.geteuid() == 0)
-    real = launch.find_mpirun()
+    real = command.find_mpirun()
     assert os.path.dirname(real) == os.path.dirname(os.path.realpath(
         os.path.join(os.path.dirname(os.sys.executable), "mpirun")))
 
 
 def test_launcher_hosts_give_np():
     args = launch.parser().parse_args(["-H", "a:2,b:3", "python", "x.py"])
-    cmd = launch.build_command(args, mpirun="mpirun")
+    cmd = command.build_command(args, mpirun="mpirun")
     assert cmd[1:3] == ["-np", "5"] and "--host" in cmd and "--oversubscribe" not in cmd
 
 
@@ -232,7 +232,7 @@ def test_launcher_gives_mpirun_a_session_dir_of_its_own_and_removes_it(tmp_path,
                                                                        capfd):
     # Even when mpirun did not start: no launching again (the cause is known and
     # prevented, see tests/test_session_dirs.py), its status and words pass through.
-    monkeypatch.setattr(launch, "find_mpirun", lambda: _fake_mpirun(
+    monkeypatch.setattr(command, "find_mpirun", lambda: _fake_mpirun(
         tmp_path, 213, "The PMIx server's listener thread failed to start. We cannot"))
     assert launch.main(["-np", "2", "python", "x.py"]) == 213
     assert len((tmp_path / "calls").read_text().splitlines()) == 1
@@ -243,7 +243,7 @@ def test_launcher_gives_mpirun_a_session_dir_of_its_own_and_removes_it(tmp_path,
 
 @pytest.mark.parametrize("how", ["--mpi-args", "environment"])
 def test_launcher_leaves_a_session_dir_base_the_user_chose(tmp_path, monkeypatch, how):
-    monkeypatch.setattr(launch, "find_mpirun", lambda: _fake_mpirun(tmp_path, 0, ""))
+    monkeypatch.setattr(command, "find_mpirun", lambda: _fake_mpirun(tmp_path, 0, ""))
     argv = ["-np", "2", "python", "x.py"]
     if how == "--mpi-args":
         argv[2:2] = ["--mpi-args", f"--prtemca prte_tmpdir_base {tmp_path}"]
@@ -259,13 +259,13 @@ def test_a_process_that_never_joined_completes_nothing_and_ends_nothing():
     # member finished" and ended a running job with exit status 0.
     killed = [{"id": i, "code": None, "members": None} for i in range(4)]
     spare = {"id": None, "code": 0, "members": [], "left": False, "final": False}
-    status, why = launch.exit_status(0, [*killed, spare])
+    status, why = outcome.exit_status(0, [*killed, spare])
     assert status == 1 and "no rank completed: 1 never joined" in why, why
-    assert not launch.members_done([*killed, spare])
+    assert not outcome.members_done([*killed, spare])
     final = [{"id": i, "code": 0, "members": [0, 1], "final": True} for i in (0, 1)]
-    assert launch.members_done([*killed, spare, *final])
-    assert not launch.members_done([*killed, spare, final[0]])  # id 1 not past its record yet
-    assert launch.exit_status(0, [*killed, spare, *final]) == (0, None)
+    assert outcome.members_done([*killed, spare, *final])
+    assert not outcome.members_done([*killed, spare, final[0]])  # id 1 not past its record yet
+    assert outcome.exit_status(0, [*killed, spare, *final]) == (0, None)
 
 
 def test_waiting_board_hears_others_recent_words_not_its_own(tmp_path, monkeypatch):

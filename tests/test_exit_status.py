@@ -13,7 +13,8 @@ import time
 
 import pytest
 
-from elastic_hvd.runner.launch import process_state, find_mpirun
+from elastic_hvd.runner.command import find_mpirun
+from elastic_hvd.runner.watch import process_state
 from mpijob import WORKERS, job_processes, kill_tree, proc_entries, run_job
 
 pytestmark = pytest.mark.multirank

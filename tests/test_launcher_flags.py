@@ -17,7 +17,7 @@ import time
 import pytest
 
 from elastic_hvd.core import config
-from elastic_hvd.runner.launch import HOROVOD_HINT
+from elastic_hvd.runner.outcome import HOROVOD_HINT
 from mpijob import ROOT, run_job
 
 DOC = {s.name: s.doc for s in config.SETTINGS}

@@ -13,18 +13,25 @@ there are no others.  When every rank left so, nothing is left to repair in plac
 the launcher starts the job again, on the same hosts and at the same size.
 
 Either way the script resumes from the newest state (:mod:`elastic_hvd.state_replica`,
-or its checkpoint).
+or its checkpoint).  :func:`run` is the launcher's loop: a launch, and another while
+one of these ended it, at most ``--max-relaunches`` times.
 """
 
 import argparse
 import copy
 import dataclasses
+import os
 import re
 import subprocess
+import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from .. import state_replica
 from ..growth_policy import discover_hosts, parse_hosts, read_hostfile
+from .command import build_command
+from .job import Ended, run_once
+from .outcome import exit_status, members_done
 
 #: Exit status of a job the runtime ended for a lost node, when it is not relaunched.
 EXIT_NODE_LOST = 4
@@ -38,6 +45,7 @@ class Cause:
     ``lost_host``, or (None) Open MPI broke every rank."""
 
     lost_host: str | None = None
+
 
 _TEARDOWN = re.compile(rb"PRTE has lost communication with a remote daemon\..*?"
                        rb"Remote daemon: *\[[^\]]*\] on node (\S+)", re.S)
@@ -61,6 +69,53 @@ def broken_why(outcomes: Sequence[Mapping[str, Any]]) -> str | None:
         return None
     return (f"Open MPI left every rank unable to make a communicator ({len(broken)} of the "
             f"{len(outcomes)} processes ended so, the others were lost): {broken[0]['broken']}")
+
+
+def verdict(ended: Ended) -> tuple[int, str | None, Cause | None]:
+    """The exit status of a launch that ``ended`` so, the line saying why (None for a
+    plain 0), and why a relaunch would resume it (None: it would not)."""
+    lost = lost_daemon_host(ended.tail)
+    # The same words also come while a job that has finished shuts down (a daemon
+    # gone before mpirun asked): only a job whose members did not all finish was lost.
+    if lost is not None and not members_done(ended.outcomes):
+        return EXIT_NODE_LOST, (
+            f"exit status {EXIT_NODE_LOST}: node loss: the MPI runtime lost the daemon "
+            f"of host {lost} and ended the whole job (mpirun exit status {ended.code})"
+        ), Cause(lost)
+    broken = broken_why(ended.outcomes)
+    if broken is not None:
+        return EXIT_BROKEN, (f"exit status {EXIT_BROKEN}: {broken} "
+                             f"(mpirun exit status {ended.code})"), Cause()
+    return (*exit_status(ended.code, ended.outcomes), None)
+
+
+def run(args: argparse.Namespace, cmd: list[str], settings: Any) -> tuple[int, str | None]:
+    """Launch the job, and again after each failure a relaunch repairs, at most
+    ``args.max_relaunches`` times, each resuming from the newest state the
+    :class:`state_replica.Keeper` holds; the exit status and the line saying why."""
+    keeper = state_replica.Keeper(state_replica.listen_address(state_replica.job_hosts(args)))
+    os.environ.update(keeper.environ())  # passed on by name: a secret stays off command lines
+    relaunches = 0
+    try:
+        while True:
+            cmd[1:1] = ["-x", state_replica.ADDRESS_ENV, "-x", state_replica.SECRET_ENV,
+                        "-x", f"{state_replica.LAUNCH_ENV}={relaunches}"]
+            status, why, cause = verdict(run_once(args, cmd, settings))
+            if cause is None or relaunches >= args.max_relaunches:
+                return status, why
+            again, why_not = arguments(args, cause)
+            if again is None:
+                return status, f"{why}; not relaunched: {why_not}"
+            relaunches += 1
+            kept = (f"the state of step {keeper.position[0]} kept in memory, or a newer "
+                    "checkpoint" if keeper.position else "the script's checkpoint, if it has one")
+            where = f"on {again.hosts} " if again.hosts else ""
+            size = f"{again.np} ranks; " if again.np else ""
+            print(f"elastic-hvd-run: {why}; relaunching {where}({size}relaunch {relaunches} of "
+                  f"{args.max_relaunches}) from {kept}", file=sys.stderr, flush=True)
+            args, cmd = again, build_command(again)
+    finally:
+        keeper.close()
 
 
 def arguments(args: argparse.Namespace,
