@@ -49,8 +49,11 @@ class GrowthPolicy:
     """
 
     def __init__(self, respawn: bool = False, max_np: int | None = None,
-                 discover: Callable[[], dict[str, int]] | None = None, interval: float = 5.0,
-                 check_every: int = 10, retry_steps: int = 20, max_failures: int = 3,
+                 discover: Callable[[], dict[str, int]] | None = None,
+                 interval: float = config.DEFAULTS.discovery_interval,
+                 check_every: int = config.DEFAULTS.discovery_check_every,
+                 retry_steps: int = config.DEFAULTS.growth_retry_steps,
+                 max_failures: int = config.DEFAULTS.growth_max_failures,
                  spares: int = 0) -> None:
         self.respawn, self.max_np, self.discover = respawn, max_np, discover
         self.spares = spares
@@ -72,12 +75,14 @@ class GrowthPolicy:
         script, hostfile = settings.host_discovery, settings.hostfile
         discover = None
         if script:
-            discover = lambda: discover_hosts(script)  # noqa: E731
+            discover = lambda: discover_hosts(script, settings.discovery_timeout)  # noqa: E731
         elif hostfile:
             discover = lambda: read_hostfile(hostfile)  # noqa: E731
         return cls(respawn=settings.respawn, max_np=settings.max_np, discover=discover,
                    interval=settings.discovery_interval,
-                   check_every=settings.discovery_check_every, spares=settings.spares)
+                   check_every=settings.discovery_check_every,
+                   retry_steps=settings.growth_retry_steps,
+                   max_failures=settings.growth_max_failures, spares=settings.spares)
 
     def __bool__(self) -> bool:
         return bool(self.respawn or self.spares or (self.max_np and self.discover))
@@ -265,8 +270,11 @@ def parse_hosts(text: str) -> dict[str, int]:
     return hosts
 
 
-def discover_hosts(script: str) -> dict[str, int]:
-    out = subprocess.run([script], capture_output=True, text=True, timeout=30, check=True)
+def discover_hosts(script: str, timeout: float | None = None) -> dict[str, int]:
+    """The hosts ``script`` prints, within ``timeout`` s (``ELASTIC_HVD_DISCOVERY_TIMEOUT``)."""
+    if timeout is None:
+        timeout = config.current().discovery_timeout
+    out = subprocess.run([script], capture_output=True, text=True, timeout=timeout, check=True)
     return parse_hosts(out.stdout)
 
 

@@ -35,7 +35,7 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from .core import config
+from .core import config, timings
 from .growth_policy import parse_hosts, read_hostfile
 
 #: Environment of the ranks: the keeper's ``host:port``, and the job's secret (hex).
@@ -46,17 +46,16 @@ CHALLENGE_BYTES = MAC_BYTES = 32
 #: What a connection must send first: a verb (one byte) and the HMAC of challenge and verb.
 PROOF_BYTES = 1 + MAC_BYTES
 PUT, GET = b"p", b"g"
-#: Seconds a connection has to send its proof (a rank needs milliseconds).
-PROOF_TIMEOUT = 5.0
-#: Seconds any later read or write may stall.
-TIMEOUT = 30.0
+#: Seconds a connection has to send its proof (a rank needs milliseconds), and that any
+#: later read or write may stall (core/timings.py).
+PROOF_TIMEOUT, TIMEOUT = timings.REPLICA_PROOF_TIMEOUT, timings.REPLICA_TIMEOUT
 #: Bytes of a header (a position, a size, a digest: under 200 in practice).
 MAX_HEADER = 4096
 #: Connections served at once, proved or not; more are closed at once (a rank retries
 #: while the keeper is busy, e.g. when every rank of a big relaunch reads the state).
 MAX_CONNECTIONS = 64
 #: A refusal line may be said this many times in a row, then once per this many seconds.
-LOG_BURST, LOG_INTERVAL = 5, 10.0
+LOG_BURST, LOG_INTERVAL = timings.REPLICA_LOG_BURST, timings.REPLICA_LOG_INTERVAL
 LOOPBACK = "127.0.0.1"
 #: Set where a scheduler gives mpirun its hosts when no -H or --hostfile names them.
 ALLOCATION_ENV = ("SLURM_JOB_NODELIST", "SLURM_NODELIST", "PBS_NODEFILE", "LSB_MCPU_HOSTS",
@@ -87,7 +86,7 @@ def _read_exact(sock: socket.socket, count: int, deadline: float | None = None) 
     view, got = memoryview(buf), 0
     while got < count:
         if deadline is not None:
-            sock.settimeout(max(deadline - time.monotonic(), 0.001))
+            sock.settimeout(max(deadline - time.monotonic(), timings.REPLICA_MIN_TIMEOUT))
         n = sock.recv_into(view[got:], min(count - got, 1 << 20))
         if not n:
             raise ConnectionError("connection closed")
@@ -368,7 +367,7 @@ def relaunched(environ: Mapping[str, str] = os.environ) -> bool:
 def _connect(host: str, port: int, deadline: float) -> tuple[socket.socket, bytes]:
     """A connection and its challenge, retried while the keeper is busy (it closes a
     connection over ``MAX_CONNECTIONS`` before the challenge)."""
-    pause = 0.02
+    pause = timings.REPLICA_CONNECT_PAUSE_FIRST
     while True:
         sock = socket.create_connection((host, port), timeout=TIMEOUT)
         try:
@@ -380,8 +379,8 @@ def _connect(host: str, port: int, deadline: float) -> tuple[socket.socket, byte
         except BaseException:
             sock.close()
             raise
-        time.sleep(pause * random.uniform(0.5, 1.5))
-        pause = min(pause * 2, 1.0)
+        time.sleep(pause * random.uniform(*timings.REPLICA_JITTER))
+        pause = min(pause * 2, timings.REPLICA_CONNECT_PAUSE_MAX)
 
 
 def _request(verb: bytes, environ: Mapping[str, str], head: Mapping[str, Any] | None = None,

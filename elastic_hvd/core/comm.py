@@ -43,6 +43,7 @@ from .joining import JoiningMixin
 from .membership import Listeners, MembershipEvent
 from .repair import RepairMixin
 from .signature import SignaturePredictor
+from .timings import LEAVE_TIMEOUT, WAIT_PAUSE_FIRST, WAIT_PAUSE_MAX
 
 if TYPE_CHECKING:
     from .growth import Invitation
@@ -51,11 +52,6 @@ if TYPE_CHECKING:
 
 #: Signature of the last collective of a process that is done (see ``leave``).
 LEAVE = ("leave",)
-#: Seconds a leaving rank waits for the others before it interrupts whatever they run.
-LEAVE_TIMEOUT = 1.0
-#: Seconds (times 1 + the rank) an anomaly's repair may take before the rank ends
-#: itself as a crash (see ResilientComm._anomaly).
-ANOMALY_REPAIR_DEADLINE = 5.0
 
 # Bits of the agreement flag (MPI_Comm_agree computes their AND over survivors).
 _OK = 1      # the attempt completed on this rank
@@ -83,7 +79,8 @@ class ResilientComm(JoiningMixin, RepairMixin, CollectivesMixin):
     :class:`.collectives.CollectivesMixin`.
     """
 
-    def __init__(self, MPI: Any, comm: Any, *, min_np: int = 1, mismatch_timeout: float = 5.0,
+    def __init__(self, MPI: Any, comm: Any, *, min_np: int = 1,
+                 mismatch_timeout: float = config.DEFAULTS.mismatch_timeout,
                  elastic: bool = True, heartbeat: "Heartbeat | None" = None,
                  invitation: "Invitation | SpareInvitation | None" = None,
                  pool: Iterable[tuple[int, str]] = (), spares_in_place: bool = False) -> None:
@@ -409,7 +406,7 @@ class ResilientComm(JoiningMixin, RepairMixin, CollectivesMixin):
                                            f"ids {list(self._ids)}",
                               call=self.label or None)
         if self._anomaly_deadline is None:
-            limit = ANOMALY_REPAIR_DEADLINE * (1 + self.rank)
+            limit = config.current().anomaly_timeout * (1 + self.rank)
             self._anomaly_deadline = threading.Timer(limit, mpi_env.end_as_crash, args=(
                 f"{announce.who(self.rank, self.original_id)} did not agree with the "
                 f"others again within {limit:.0f}s of an anomaly",))
@@ -548,10 +545,10 @@ class LeftEarly(Exception):
 def _wait(request: Any, timeout: float) -> bool:
     """Wait for ``request`` up to ``timeout`` seconds; True when it completed."""
     deadline = time.monotonic() + timeout
-    pause = 1e-5
+    pause = WAIT_PAUSE_FIRST
     while not request.Test():
         if time.monotonic() > deadline:
             return False
         time.sleep(pause)
-        pause = min(pause * 2, 1e-3)
+        pause = min(pause * 2, WAIT_PAUSE_MAX)
     return True

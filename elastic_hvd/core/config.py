@@ -58,8 +58,16 @@ SETTINGS = (
             "group or others, or set ELASTIC_HVD_SHARED_DIRS=1)"),
     Setting("mismatch_timeout", "ELASTIC_HVD_MISMATCH_TIMEOUT", float, 5.0, 0.0,
             "seconds a rank whose collective differs from the predicted one waits"),
+    Setting("anomaly_timeout", "ELASTIC_HVD_ANOMALY_TIMEOUT", float, 5.0, 0.001,
+            "seconds, times 1 + the rank, that a rank which met an anomaly (see "
+            "ELASTIC_HVD_STRICT) has to agree with the others again before it leaves as a "
+            "crash (staggered: one rank at a time goes)"),
     Setting("finalize_deadline", "ELASTIC_HVD_FINALIZE_DEADLINE", float, 15.0, 0.0,
             "seconds MPI_Finalize may take before the process exits without it"),
+    Setting("connected_finalize_deadline", "ELASTIC_HVD_CONNECTED_FINALIZE_DEADLINE", float,
+            3.0, 0.0,
+            "the same for a process connected to another mpirun job (a spawned process, or a "
+            "rank merged with one); the smaller of the two applies"),
     Setting("allreduce_piece_bytes", "ELASTIC_HVD_ALLREDUCE_PIECE_BYTES", int, 1 << 20, 0,
             "large allreduces go through MPI in pieces of this size (0: one call)"),
     Setting("fusion_threshold", "HOROVOD_FUSION_THRESHOLD", int, 128 << 20, 0,
@@ -86,12 +94,28 @@ SETTINGS = (
             "seconds between runs of the discovery (--discovery-interval)"),
     Setting("discovery_check_every", "ELASTIC_HVD_DISCOVERY_CHECK_EVERY", int, 10, 1,
             "steps between broadcasts of the discovered hosts"),
+    Setting("discovery_timeout", "ELASTIC_HVD_DISCOVERY_TIMEOUT", float, 30.0, 0.001,
+            "seconds a run of the host discovery script may take before it is ended and "
+            "counted as failed"),
     Setting("spawn_timeout", "ELASTIC_HVD_SPAWN_TIMEOUT", float, 60.0, 0.001,
             "seconds a spawn may take before it is given up"),
+    Setting("growth_retry_steps", "ELASTIC_HVD_GROWTH_RETRY_STEPS", int, 20, 1,
+            "steps after a failed spawn (or joiners lost before they joined) before the next "
+            "try"),
+    Setting("growth_max_failures", "ELASTIC_HVD_GROWTH_MAX_FAILURES", int, 3, 1,
+            "failed spawns in a row after which the job stops growing (rank 0 says so); one "
+            "that a loss of the job's own ranks ended does not count"),
+    Setting("exit_grace", "ELASTIC_HVD_EXIT_GRACE", float, 10.0, 0.0,
+            "seconds a spawned process that the job gave up may take to exit before it "
+            "prints its main thread's stack and ends itself with SIGKILL"),
     Setting("adopt_timeout", "ELASTIC_HVD_ADOPT_TIMEOUT", float, 5.0, 0.001,
             "seconds the ranks wait for a hot spare to connect when they adopt it (it takes "
             "milliseconds); one that does not, e.g. a stopped spawned spare, which Open MPI's "
             "detector never watches, is dropped"),
+    Setting("stopped_peer_patience", "ELASTIC_HVD_STOPPED_PEER_PATIENCE", float, 1.5, 1.0,
+            "heartbeat timeouts a process of the job may stay stopped (SIGSTOP) before the "
+            "lowest running member on its host kills it (Open MPI's detector does not watch "
+            "spawned processes)"),
     Setting("oversubscribe", "ELASTIC_HVD_OVERSUBSCRIBE", bool, False, None,
             "spawned ranks may oversubscribe the host (set by elastic-hvd-run)"),
     Setting("replica_budget", "ELASTIC_HVD_REPLICA_BUDGET", float, 0.05, 0.0,
@@ -146,9 +170,66 @@ SETTINGS = (
 )
 _BY_NAME = {s.name: s for s in SETTINGS}
 
-Config = dataclasses.make_dataclass(
-    "Config", [(s.name, object, dataclasses.field(default=s.default)) for s in SETTINGS],
-    frozen=True, namespace={"__doc__": "The values of every :data:`SETTINGS` entry."})
+
+def _default(name: str) -> Any:
+    """The default of the setting ``name``, for :class:`Config`'s field of that name."""
+    return _BY_NAME[name].default
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """The values of every :data:`SETTINGS` entry, in its order, typed for the checker.
+
+    Names, defaults and meanings live in :data:`SETTINGS` only; a test checks that these
+    fields match its rows (name, order, type; ``X | None`` where the default is unset)."""
+
+    min_np: int = _default("min_np")
+    heartbeat_period: float = _default("heartbeat_period")
+    heartbeat_timeout: float = _default("heartbeat_timeout")
+    stall_timeout: float = _default("stall_timeout")
+    waiting_board: str | None = _default("waiting_board")
+    mismatch_timeout: float = _default("mismatch_timeout")
+    anomaly_timeout: float = _default("anomaly_timeout")
+    finalize_deadline: float = _default("finalize_deadline")
+    connected_finalize_deadline: float = _default("connected_finalize_deadline")
+    allreduce_piece_bytes: int = _default("allreduce_piece_bytes")
+    fusion_threshold: int = _default("fusion_threshold")
+    respawn: bool = _default("respawn")
+    spares: int = _default("spares")
+    spares_wait: str = _default("spares_wait")
+    max_np: int | None = _default("max_np")
+    host_discovery: str | None = _default("host_discovery")
+    hostfile: str | None = _default("hostfile")
+    discovery_interval: float = _default("discovery_interval")
+    discovery_check_every: int = _default("discovery_check_every")
+    discovery_timeout: float = _default("discovery_timeout")
+    spawn_timeout: float = _default("spawn_timeout")
+    growth_retry_steps: int = _default("growth_retry_steps")
+    growth_max_failures: int = _default("growth_max_failures")
+    exit_grace: float = _default("exit_grace")
+    adopt_timeout: float = _default("adopt_timeout")
+    stopped_peer_patience: float = _default("stopped_peer_patience")
+    oversubscribe: bool = _default("oversubscribe")
+    replica_budget: float = _default("replica_budget")
+    unpickle_checkpoints: bool = _default("unpickle_checkpoints")
+    strict: bool = _default("strict")
+    announce: bool = _default("announce")
+    shared_dirs: bool = _default("shared_dirs")
+    max_failed_saves: int = _default("max_failed_saves")
+    faults: str = _default("faults")
+    # -- internal
+    status_dir: str | None = _default("status_dir")
+    stdout_tty: bool | None = _default("stdout_tty")
+    program: str | None = _default("program")
+    spawned_spare: bool = _default("spawned_spare")
+    joiner_fault: str | None = _default("joiner_fault")
+    replica: str | None = _default("replica")
+    job_secret: str | None = _default("job_secret")
+    launch: int = _default("launch")
+
+
+#: Every setting at its default (for defaults of arguments that a setting also sets).
+DEFAULTS = Config()
 
 #: Values of ``ELASTIC_HVD_SPARES_WAIT``.
 SPARES_WAIT = ("auto", "growth", "init")
@@ -181,7 +262,8 @@ def _upper(setting: Setting) -> float | None:
         DAY if setting.kind is float else None)
 
 
-def _value(setting: Setting, environ: Mapping[str, str]) -> object:
+def _value(setting: Setting, environ: Mapping[str, str]) -> Any:
+    """The value of ``setting`` in ``environ``, parsed to its kind (checked by a test)."""
     text = environ.get(setting.env)
     if text is None:
         return setting.default
@@ -202,7 +284,7 @@ def read(name: str, environ: Mapping[str, str] = os.environ) -> Any:
     return _value(_BY_NAME[name], environ)
 
 
-def from_environ(environ: Mapping[str, str] = os.environ) -> Any:
+def from_environ(environ: Mapping[str, str] = os.environ) -> Config:
     """A :class:`Config` from ``environ``; ``ValueError`` naming the variable if a
     value is invalid."""
     config = Config(**{s.name: _value(s, environ) for s in SETTINGS})
@@ -216,13 +298,13 @@ def from_environ(environ: Mapping[str, str] = os.environ) -> Any:
     return config
 
 
-def load(environ: Mapping[str, str] = os.environ) -> Any:
+def load(environ: Mapping[str, str] = os.environ) -> Config:
     """Read (again) and check every setting; ``init()`` calls it."""
     settings = process.runtime().settings = from_environ(environ)
     return settings
 
 
-def current() -> Any:
+def current() -> Config:
     """The settings as last loaded (loaded now if never)."""
     settings = process.runtime().settings
     return settings if settings is not None else load()

@@ -53,7 +53,7 @@ import threading
 import time
 from collections.abc import Iterable
 
-from . import config, process
+from . import config, process, timings
 from .errors import FaultInjected
 
 ENV = config.env("faults")
@@ -95,7 +95,7 @@ def _signal_self(name: str) -> None:
     """Deliver the fault ``name`` (a signal name, ``EXIT`` or ``HANG``) to this process."""
     if name == "HANG":
         while True:
-            time.sleep(3600)
+            time.sleep(timings.HANG)
     if name == "EXIT":
         os._exit(1)
     os.kill(os.getpid(), getattr(_signal, "SIG" + name))

@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 import numpy as np
 
-from . import announce, config, faults, heartbeat, mpi_env, signals, spares
+from . import announce, config, faults, heartbeat, mpi_env, signals, spares, timings
 from .errors import ElasticHvdError
 from .membership import MembershipEvent
 from .spawn import MergeCall, SpawnCall
@@ -189,7 +189,7 @@ class Invitation:
     Between its merge and :meth:`Growth.join` the process runs its program's
     start-up (imports, model, the rehearsal step), which takes seconds to
     minutes.  If the job gives the join up meanwhile (it revokes the
-    communicator), a thread notices within :data:`WATCH_PERIOD` and ends the
+    communicator), a thread notices within ``timings.JOIN_WATCH_PERIOD`` and ends the
     process at once rather than at ``join()``, so that it does not use a host for
     nothing, and above all is gone before the running ranks create communicators
     again: Open MPI 5.0.11 segfaults in a rank that learns of a process's end while
@@ -201,14 +201,9 @@ class Invitation:
     using.  A main thread inside a call that does not come back to Python (a C
     library's wait) never gets the exception: one given-up joiner of the soak
     stayed 16 minutes and kept mpirun from ending.  So a process still here
-    :data:`EXIT_GRACE` seconds later prints its main thread's stack and ends
+    ``ELASTIC_HVD_EXIT_GRACE`` seconds later prints its main thread's stack and ends
     itself with SIGKILL (a joiner that dies is no failure of the job).
     """
-
-    #: Seconds between two looks at the merged communicator.
-    WATCH_PERIOD = 0.05
-    #: Seconds a given-up process may take to exit before it ends itself.
-    EXIT_GRACE = 10.0
 
     def __init__(self, MPI: Any, merged: Any) -> None:
         self.MPI, self.merged = MPI, merged
@@ -232,7 +227,7 @@ class Invitation:
         atexit.register(self.close)  # before MPI_Finalize (mpi4py's or runtime's)
 
     def _watch(self, MPI: Any, main: threading.Thread) -> None:
-        while not self._stop.wait(self.WATCH_PERIOD):
+        while not self._stop.wait(timings.JOIN_WATCH_PERIOD):
             try:
                 self.merged.Iprobe(0, _READY)  # never matches; fails once revoked
             except MPI.Exception:
@@ -243,8 +238,9 @@ class Invitation:
                 ctypes.pythonapi.PyThreadState_SetAsyncExc(
                     ctypes.c_ulong(main.ident),  # type: ignore[arg-type]  # started: an int
                     ctypes.py_object(JoinAbandoned))
-                time.sleep(self.EXIT_GRACE)  # the process normally ends meanwhile
-                _end_stuck(main, self.EXIT_GRACE)
+                grace = config.current().exit_grace
+                time.sleep(grace)  # the process normally ends meanwhile
+                _end_stuck(main, grace)
 
     def _reason(self, MPI: Any) -> str:
         """Why the job gave this process up: the first verdict received, else both causes."""
@@ -273,8 +269,8 @@ class Invitation:
         self._stop.set()
         if self._thread is not threading.current_thread():
             # It stops within a watch period, or it already told the main thread to go
-            # and waits out EXIT_GRACE (the process is exiting: leave it be).
-            self._thread.join(timeout=1.0)
+            # and waits out ELASTIC_HVD_EXIT_GRACE (the process is exiting: leave it be).
+            self._thread.join(timeout=timings.JOIN_WATCH_STOP)
         for request in self._verdict_requests:  # never sent once the job adopts it
             with contextlib.suppress(self.MPI.Exception):  # failed by a revoke: nothing to cancel
                 if not request.Test():
@@ -754,7 +750,7 @@ def leave_unjoined(why: str, *comms: Any, finalize: bool = True,
             with contextlib.suppress(Exception):
                 comm.Free()
         heartbeat.stop()
-        mpi_env.finalize(mpi_env.CONNECTED_FINALIZE_DEADLINE, lambda: os._exit(0))
+        mpi_env.finalize(config.current().connected_finalize_deadline, lambda: os._exit(0))
     os._exit(0)
 
 

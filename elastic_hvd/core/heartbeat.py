@@ -60,7 +60,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO, Any
 
-from . import config, mpi_env, process, safe_files, workarounds
+from . import config, mpi_env, process, safe_files, timings, workarounds
 from .errors import ElasticHvdError
 
 
@@ -126,7 +126,7 @@ class NativeProgress:
         # constant string and touches nothing.
         self._awake = ev.event_new(self._base, -1, _EV_PERSIST,
                                    ctypes.cast(ev.event_get_version, ctypes.c_void_p), None)
-        seconds = max(float(interval), 0.005)
+        seconds = max(float(interval), timings.PROGRESS_MIN_INTERVAL)
         self._tv = _Timeval(int(seconds), int((seconds - int(seconds)) * 1e6))
         self._tv_ref = ctypes.byref(self._tv)  # made once: resume() runs at every collective
         for event in (self._awake, self._event):  # the awake timer first: it leads
@@ -153,7 +153,7 @@ class NativeProgress:
         if self._base is None:
             return
         self._ev.event_base_loopbreak(self._base)  # seen at the next timer at the latest
-        self._thread.join(5.0)
+        self._thread.join(timings.PROGRESS_STOP_WAIT)
         if not self._thread.is_alive():
             self._ev.event_free(self._event)
             self._ev.event_free(self._awake)
@@ -311,7 +311,7 @@ class Heartbeat:
         # The board first: refused (UnsafePathError, one line), it raises before any
         # thread of ours runs, and init() fails on every rank rather than run unwatched.
         self._board = WaitingBoard.of_job(board) if self._stall_timeout > 0 else None
-        interval = period / 10  # as Open MPI's own detector thread wakes up
+        interval = period / timings.PROGRESS_WAKEUPS_PER_PERIOD
         try:
             self._progress: NativeProgress | _PythonProgress = NativeProgress(interval)
             self.native = True
@@ -353,11 +353,12 @@ class Heartbeat:
     # -- the watchdog ---------------------------------------------------------------
     def _watch(self, board: WaitingBoard) -> None:
         last_told, warned = 0.0, False
-        poll = min(0.5, self._stall_timeout / 4)
+        stall, say_after = self._stall_timeout, timings.STALL_SAY_AFTER
+        poll = min(timings.STALL_POLL, stall / 4)
         while not self._stop.wait(poll):
             now = time.monotonic()
-            if (self._in_collective and now - self._entered > min(1.0, self._stall_timeout / 2)
-                    and now - last_told >= min(1.0, self._stall_timeout / 3)):
+            if (self._in_collective and now - self._entered > min(say_after, stall / 2)
+                    and now - last_told >= min(say_after, stall / 3)):
                 last_told = now
                 board.say_waiting()
             idle = now - self._last_progress
@@ -365,13 +366,13 @@ class Heartbeat:
                 warned = False
                 continue
             who = self._who()
-            if board.others_waited_within(3 * poll + 1.0):
+            if board.others_waited_within(3 * poll + timings.STALL_BOARD_SLACK):
                 print(f"elastic_hvd: {who} made no progress (no collective, no "
                       f"heartbeat.progress()) for {idle:.1f}s > stall timeout "
                       f"{self._stall_timeout:g}s while other ranks wait for it: assuming it "
                       "hangs and killing it so that the others can go on",
                       file=sys.stderr, flush=True)
-                time.sleep(0.3)  # let the launcher forward the line before we vanish
+                time.sleep(timings.LAST_LINE_DELAY)  # the launcher forwards the line
                 os.kill(os.getpid(), signal.SIGKILL)
             elif not warned:
                 warned = True

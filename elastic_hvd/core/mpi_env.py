@@ -148,11 +148,6 @@ def retire(comm: Any) -> None:
     workarounds.used("never_free")
 
 
-#: Seconds MPI_Finalize may take, at most, in a process connected to another mpirun
-#: job -- a job that grew, a process spawned into one: it often hangs there (see finalize).
-CONNECTED_FINALIZE_DEADLINE = 3.0
-
-
 def finalize(limit: float, exit_now: Callable[[], object]) -> None:
     """``MPI_Finalize``; if it has not returned within ``limit`` seconds, say so and
     call ``exit_now()``, which ends the process without it.

@@ -14,7 +14,7 @@ from .errors import ElasticHvdError, NotInitializedError
 from .freshness import ANOMALY_EXIT_STATUS
 from .growth import CHANGED, ENDED, Invitation
 from .heartbeat import Heartbeat
-from .mpi_env import (CONNECTED_FINALIZE_DEADLINE, end_as_crash, finalize, ft_enabled,
+from .mpi_env import (end_as_crash, finalize, ft_enabled,
                       load_mpi, retire, ulfm_compiled)
 from .session import Session
 from .spares import SpareInvitation, split_world
@@ -216,8 +216,9 @@ def _at_exit(MPI: Any, heartbeat: Heartbeat) -> None:
     # Connected to other mpirun jobs (a job that grew, a spawned process): don't wait long.
     connected = rt.comm is not None and (rt.comm.joining
                                          or any(e.gained for e in rt.comm.events))
-    limit = config.current().finalize_deadline
-    limit = min(limit, CONNECTED_FINALIZE_DEADLINE) if connected else limit
+    settings = config.current()
+    limit = settings.finalize_deadline
+    limit = min(limit, settings.connected_finalize_deadline) if connected else limit
     finalize(limit, _exit_now)
 
 

@@ -52,7 +52,7 @@ bridge fails with ``MPI_ERR_INTERN`` on every side (measured; connect/accept
 worked, ~35 ms on 3 ranks).  The port name travels on the world from the lowest
 training rank that is a world process (a spawned rank has another world).
 
-Waiting costs nothing: one ``MPI_Iprobe`` every :data:`POLL` seconds (measured:
+Waiting costs nothing: one ``MPI_Iprobe`` every :data:`SPARE_POLL` seconds (measured:
 0.2 % of a core), while the heartbeat's native loop keeps the detector fed.  A
 spare also leaves once every training rank of the world is gone: nobody could
 adopt or release it then.
@@ -76,15 +76,14 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import numpy as np
 
-from . import config, signals, workarounds
+from . import config, signals, timings, workarounds
 from .mpi_env import end_as_crash, retire
-from .spawn import BROKEN_GRACE, MergeCall, connect_all
+from .spawn import MergeCall, connect_all
+from .timings import BROKEN_GRACE, SPARE_POLL
 
 if TYPE_CHECKING:
     from .comm import ResilientComm
 
-#: Seconds between two looks for a message while a spare waits.
-POLL = 0.05
 #: Tags on a spare's channel (``MPI_COMM_WORLD``, or a spawned spare's merged communicator):
 #: its "ready" (the slot it takes, -1 for none, its pid and start time: see :mod:`.signals`),
 #: the training ranks' "adopt", "release", "claim" (slot, size) and "called off" (an
@@ -217,7 +216,7 @@ class SpareInvitation:
         if set(range(self.initial_size)) <= failed_ranks(MPI, channel):
             leave("every training rank of the job is gone" if self.in_world else
                   "every rank that spawned it is gone (no other can adopt it)")
-        time.sleep(POLL)
+        time.sleep(SPARE_POLL)
         return None
 
     def connect(self, port: str, root: int) -> Any:
@@ -259,7 +258,7 @@ def _end_if_called_off(MPI: Any, channel: Any, root: int, connected: threading.E
     """While a spare is inside ``MPI_Comm_connect``: if the adoption's root died or the
     training ranks called the adoption off, the connect never returns -- the spare
     ends as a crash (see *called off* in the module doc)."""
-    while not connected.wait(POLL):
+    while not connected.wait(SPARE_POLL):
         try:
             off = channel.Iprobe(root, CALLED_OFF)
         except MPI.Exception:
@@ -279,7 +278,7 @@ def _leave_if_broken_off(MPI: Any, inter: Any, adopters: set[int], channel: Any,
     and no communicator can be made in this process any more (see
     :meth:`.spawn.MergeCall._end_if_broken`); the spare then leaves as a crash rather
     than spin in the merge for ever."""
-    while not stop.wait(POLL):
+    while not stop.wait(SPARE_POLL):
         if (adopters & failed_ranks(MPI, channel) or inter.Is_revoked()) \
                 and not stop.wait(BROKEN_GRACE):
             workarounds.used("merge_death_crash", "a hot spare's merge")
@@ -377,7 +376,8 @@ def claim(MPI: Any, spare: int, slot: int, size: int) -> Any:
         return None
 
 
-def release(MPI: Any, spares: Iterable[tuple[Any, int]], deadline: float = 1.0) -> None:
+def release(MPI: Any, spares: Iterable[tuple[Any, int]],
+            deadline: float = timings.SPARE_RELEASE_WAIT) -> None:
     """Tell every spare (``(channel, its rank there)``) that training ended (this
     process's part of the job's end); waits up to ``deadline`` seconds for the sends."""
     sends = []
@@ -393,4 +393,4 @@ def release(MPI: Any, spares: Iterable[tuple[Any, int]], deadline: float = 1.0) 
                 return
         except MPI.Exception:
             return
-        time.sleep(0.01)
+        time.sleep(timings.SPARE_RELEASE_PAUSE)

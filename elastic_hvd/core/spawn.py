@@ -25,22 +25,13 @@ import numpy as np
 
 from . import config, faults, mpi_env, workarounds
 from .procfs import stat_fields
+from .timings import BROKEN_GRACE, SPAWN_WATCH_PERIOD, SPIN_SAMPLE, SPIN_SHARE
 
 if TYPE_CHECKING:
     from .comm import ResilientComm
 
-#: Seconds between two looks at the spawning ranks while a spawn runs.
-WATCH_PERIOD = 0.05
 #: A tag no process sends on a merge's intercommunicator (see MergeCall._partner_failed).
 NEVER_SENT = 32100
-#: Seconds a given-up call has to end once revoked before this process counts as
-#: broken by it (a sound one ends within milliseconds).
-BROKEN_GRACE = 1.0
-#: Seconds over which a given-up call's thread is watched, and the share of a core
-#: that marks it as spinning in Open MPI's endless retry (see MergeCall._end_if_broken):
-#: low, because a loop gets only its part of the cores on a loaded host (a pure spin
-#: got 16 % of a core at a load average of ~10 on 2 cores), and one that waits uses 0.
-SPIN_SAMPLE, SPIN_SHARE = 0.5, 0.05
 #: Variables of the MPI runtime: they describe the spawning process, not a joiner.
 RUNTIME_PREFIXES = ("PMIX", "PRTE", "OMPI_")
 #: Settings the join wrapper uses before it can receive the environment: its start-up
@@ -235,7 +226,7 @@ class MergeCall:
         rank knows of a failed member; the agreement that follows repairs."""
         deadline = time.monotonic() + self.timeout_s
         why = None
-        while not self._done.wait(WATCH_PERIOD):
+        while not self._done.wait(SPAWN_WATCH_PERIOD):
             if self._member_failed():
                 why = "a rank of the job failed during it"
             elif self._partner_failed():

@@ -7,10 +7,10 @@ is never observed, nor is a world rank once no other rank of its world is left
 for it for ever.  What the detector cannot see, the kernel says: a stopped process
 is in state ``T``.  So on each host the lowest-ranked member that is not stopped
 looks at the job's other members there every heartbeat period, and kills one that
-has stayed stopped for :data:`PATIENCE` heartbeat timeouts -- what the detector's
-eviction and the repair's fence do to a world rank (the detector, where it watches,
-acts first) -- saying so in one line.  The others see a crash within milliseconds
-and repair.
+has stayed stopped for ``ELASTIC_HVD_STOPPED_PEER_PATIENCE`` heartbeat timeouts (1.5)
+-- what the detector's eviction and the repair's fence do to a world rank (the
+detector, where it watches, acts first) -- saying so in one line.  The others see a
+crash within milliseconds and repair.
 
 A process spawned to join the job counts too from its merge on, before it is a
 member: it says its pid to every rank then (``growth._hello``); stopped while it starts
@@ -31,9 +31,6 @@ import time
 from . import announce, config, process, signals, workarounds
 from .procfs import START, stat_fields
 
-#: Heartbeat timeouts a member must stay stopped before it is killed: past the
-#: detector's own eviction of a world rank, so that this only acts where it does not.
-PATIENCE = 1.5
 #: States of a process (``/proc/PID/stat``): stopped by a signal; and every state of
 #: one that cannot look (stopped, held by a debugger, dead).
 STOPPED, NOT_LOOKING = "T", "TtZX"
@@ -88,14 +85,16 @@ class StoppedPeers:
                         if letter not in NOT_LOOKING), None)
         if looking != os.getpid():
             return []
-        timeout = config.current().heartbeat_timeout
+        # Past the detector's own eviction of a world rank: this acts where it does not.
+        settings = config.current()
+        timeout, patience = settings.heartbeat_timeout, settings.stopped_peer_patience
         killed = []
         for what, who, letter in here:
-            if letter == STOPPED and now - self._since[who] >= PATIENCE * timeout:
+            if letter == STOPPED and now - self._since[who] >= patience * timeout:
                 workarounds.used("stopped_peer_killed")
                 print(f"elastic_hvd: {what} has been "
                       f"stopped for {now - self._since[who]:.1f}s, longer than "
-                      f"{PATIENCE:g} x the heartbeat timeout ({timeout:g}s), and Open MPI's "
+                      f"{patience:g} x the heartbeat timeout ({timeout:g}s), and Open MPI's "
                       "detector has not evicted it (it watches no spawned process, nor the "
                       "last one of a world): killing it so that the others can go on",
                       file=sys.stderr, flush=True)

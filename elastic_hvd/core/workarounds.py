@@ -62,8 +62,8 @@ TABLE = (
     Workaround(
         "finalize_deadline",
         "MPI_Finalize still does not return now and then (after a loss, after a join)",
-        "the process exits without it after ELASTIC_HVD_FINALIZE_DEADLINE (3 s when "
-        "connected to another mpirun job)",
+        "the process exits without it after ELASTIC_HVD_FINALIZE_DEADLINE "
+        "(ELASTIC_HVD_CONNECTED_FINALIZE_DEADLINE when connected to another mpirun job)",
         "tests/test_growth.py::test_respawn_replaces_a_killed_rank"),
     Workaround(
         "emptied_host_no_finalize",
@@ -124,7 +124,7 @@ TABLE = (
         "process, or the last process of a world, is never evicted and the others wait "
         "for it for ever",
         "the lowest member on each host that is not stopped kills a member of its host "
-        "stopped for 1.5 heartbeat timeouts (state T in /proc)",
+        "stopped for ELASTIC_HVD_STOPPED_PEER_PATIENCE heartbeat timeouts (state T in /proc)",
         "tests/test_growth.py::test_a_stopped_joiner_is_killed_by_a_rank_on_its_host"),
     Workaround(
         "spawn_given_up",

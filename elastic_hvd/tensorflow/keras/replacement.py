@@ -34,16 +34,14 @@ from typing import TYPE_CHECKING, Any
 
 import tensorflow as tf
 
-from ...core import announce, runtime
+from ...core import announce, runtime, timings
 from ..training_state import TrainingState
 
 if TYPE_CHECKING:
     from ...core.comm import ResilientComm
     from ...core.membership import MembershipEvent
 
-#: Looks for a spare's readiness at one epoch start (agreed; the spare is ready
-#: within milliseconds of being adopted), and the pause between two.
-POLLS, PAUSE = 100, 0.02
+POLLS, PAUSE = timings.REPLACEMENT_POLLS, timings.REPLACEMENT_PAUSE  # see there
 
 
 def install() -> None:
