@@ -1,18 +1,11 @@
 """TensorFlow's start-up lines, kept off the console that ``elastic-hvd-run`` relays.
 
-Every rank's ``import tensorflow`` prints, before any line of the program, absl's
-``WARNING: All log messages before absl::InitializeLog() is called are written
-to STDERR`` and an absl INFO line: on x86 CPUs that TF turns oneDNN on for,
-``I0000 ... port.cc:153] oneDNN custom operations are on ...``; on others (an AMD
-EPYC without AVX-512), ``cpu_feature_guard.cc`` saying which instructions TF could
-use -- twice per process: 16 lines on 4 ranks.  ``TF_CPP_MIN_LOG_LEVEL``
-does not reach them (they come before TensorFlow reads it: measured with 1, 2
-and 3), and ``TF_ENABLE_ONEDNN_OPTS=0`` hides them only by turning oneDNN's
-kernels off, which changes speed and results.  So the launcher, which relays the
-ranks' stderr anyway, drops absl's INFO lines -- what ``TF_CPP_MIN_LOG_LEVEL=1``,
-its default, means to hide -- and that warning.  A user who sets
-``TF_CPP_MIN_LOG_LEVEL`` (``0``: everything) gets every line as TensorFlow
-prints it (:func:`tf_logs_wanted`).
+Every rank's ``import tensorflow`` prints absl's INFO lines (oneDNN, CPU features)
+and its ``InitializeLog`` warning before TensorFlow reads ``TF_CPP_MIN_LOG_LEVEL``,
+so that variable cannot hide them (``TF_ENABLE_ONEDNN_OPTS=0`` would, by turning
+oneDNN's kernels off).  The launcher, which relays the ranks' stderr anyway, drops
+them -- what ``TF_CPP_MIN_LOG_LEVEL=1`` means to hide -- unless the user sets
+``TF_CPP_MIN_LOG_LEVEL`` (:func:`tf_logs_wanted`; docs/settings.md).
 """
 
 import re

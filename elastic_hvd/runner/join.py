@@ -27,6 +27,11 @@ from elastic_hvd.core.spawn import connect_all, share_environment, spawn_timeout
 
 from .program import run
 
+#: Seconds a spawned process waits for its merge beyond twice the spawners' own wait.
+START_UP_MARGIN = 10.0
+#: Seconds after its watchdog that ``SIGALRM`` ends a spawned process still not merged.
+ALARM_AFTER_WATCHDOG = 5.0
+
 
 def merge_with_parent(MPI: Any) -> Any:
     """The communicator merged with the ranks that spawned this process (None if
@@ -65,16 +70,15 @@ def start_up_deadline(seconds: float) -> Iterator[None]:
     """A spawned process that is not merged within ``seconds`` exits: by then its
     spawners gave it up, and mpirun would wait for it for ever.
 
-    ``MPI_Init`` runs while the interpreter lock is held, so a watchdog thread
-    cannot act if it hangs there (seen in the test suite: docs/measurements.md);
-    ``SIGALRM``, whose default action ends the process, can.  Stuck before its
-    merge, the process cannot finalize MPI."""
+    A watchdog thread says why; ``SIGALRM`` (its default action ends the process)
+    ends one that hangs in ``MPI_Init``, which holds the interpreter lock
+    (docs/measurements.md).  Stuck before its merge, it cannot finalize MPI."""
     watchdog = threading.Timer(seconds, leave_unjoined,
                                (f"it was not merged with the running job within {seconds:.0f}s",),
                                {"finalize": False})
     watchdog.daemon = True
     watchdog.start()
-    signal.alarm(int(seconds) + 5)
+    signal.alarm(int(seconds + ALARM_AFTER_WATCHDOG))
     try:
         yield
     finally:
@@ -85,7 +89,7 @@ def start_up_deadline(seconds: float) -> Iterator[None]:
 def main() -> None:
     program = sys.argv[1:]
     os.environ[config.env("program")] = json.dumps(program)
-    with start_up_deadline(2 * spawn_timeout() + 10):  # the spawners' wait, and margin
+    with start_up_deadline(2 * spawn_timeout() + START_UP_MARGIN):  # the spawners' wait
         faults.at_joiner_start()  # a fault planned for this process (tests)
         MPI = mpi_env.load_mpi()
         merged = merge_with_parent(MPI)

@@ -180,7 +180,7 @@ def main() -> None:
         runtime.when_broken(lambda why: _record(path, None, broken=why))
         runtime.leave_raising_to_launcher()
         sys.excepthook = _recording(path, sys.excepthook)
-        # Before MPI_Init: Open MPI then keeps its own handler out (measured).
+        # Before MPI_Init, so that Open MPI keeps its own signal handlers out.
         faulthandler.enable(open(path[:-len(".json")] + ".fault", "w"))
     try:
         run(sys.argv[1:])

@@ -1,12 +1,12 @@
 """What ``elastic-hvd-run`` says about processes that ended badly, once for the whole job.
 
 Why the launcher: a bug usually fails on every rank at once, and ranks that each
-print their traceback interleave them line by line (three tracebacks made ~120
-lines of one error run); nor can a rank know whether the others go on.  The ranks'
-wrapper (:mod:`.program`) records an uncaught exception, and a fatal signal's
-stacks, in the status directory; the launcher, which sees every process, prints
-the first traceback in full and every other failure *from the same place* in one
-line, and the job's summary counts raised, crashed and killed processes.
+print their traceback interleave them line by line; nor can a rank know whether
+the others go on.  The ranks' wrapper (:mod:`.program`) records an uncaught
+exception, and a fatal signal's stacks, in the status directory; the launcher,
+which sees every process, prints the first traceback in full and every other
+failure *from the same place* in one line, and the job's summary counts raised,
+crashed and killed processes.
 """
 
 import os
@@ -101,7 +101,7 @@ class Reporter:
             self.out.flush()
 
     def news(self, outcomes: Iterable[Mapping[str, Any]]) -> None:
-        """Report what the ``outcomes`` (see ``launch.read_outcomes``) show that was not
+        """Report what the ``outcomes`` (see :func:`.outcome.read_outcomes`) show that was not
         reported yet: a process that raised or crashed, lowest original id (or world
         rank) first.  Across calls the order is the order the records arrived in."""
         fresh = [o for o in outcomes if o.get("code") is None and how_lost(o) != "killed"
