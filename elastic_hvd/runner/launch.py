@@ -29,6 +29,14 @@ def parser() -> argparse.ArgumentParser:
         prog="elastic-hvd-run",
         description="Run a training script on N ranks whose collectives survive rank loss.",
         epilog="Example: elastic-hvd-run -np 4 --min-np 2 python train.py")
+    _add_size_flags(p)
+    _add_liveness_flags(p)
+    _add_job_flags(p)
+    return p
+
+
+def _add_size_flags(p: argparse.ArgumentParser) -> None:
+    """Where the job runs and how its size may change."""
     p.add_argument("-np", "--num-proc", type=int, dest="np", help="number of ranks to start")
     p.add_argument("-H", "--hosts",
                    help="host:slots,host:slots,... (as horovodrun / mpirun --host)")
@@ -51,6 +59,10 @@ def parser() -> argparse.ArgumentParser:
                    help="prints the available hosts, one `host:slots` per line (horovodrun's "
                         "format); run every --discovery-interval seconds")
     p.add_argument("--discovery-interval", help="seconds between discoveries (5)")
+
+
+def _add_liveness_flags(p: argparse.ArgumentParser) -> None:
+    """How a lost, frozen or stuck rank is noticed, and what an anomaly does."""
     p.add_argument("--heartbeat-period",
                    help="seconds between failure-detector heartbeats (default 1.0)")
     p.add_argument("--heartbeat-timeout",
@@ -64,6 +76,10 @@ def parser() -> argparse.ArgumentParser:
                         "rank is evicted (default: off)")
     p.add_argument("--strict", action="store_true",
                    help="end the whole job on any anomaly (ELASTIC_HVD_STRICT)")
+
+
+def _add_job_flags(p: argparse.ArgumentParser) -> None:
+    """The ranks' environment and program, mpirun's own arguments, relaunches."""
     p.add_argument("-x", dest="env", action="append", default=[], metavar="NAME[=VALUE]",
                    help="export an environment variable to every rank (repeatable)")
     p.add_argument("--faults", help="fault-injection plan, as ELASTIC_HVD_FAULTS "
@@ -83,7 +99,6 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true",
                    help="check the flags and settings, print the mpirun command and exit")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the program to run on every rank")
-    return p
 
 
 def typed(name: str, text: str) -> str:
