@@ -89,7 +89,7 @@ def verdict(ended: Ended) -> tuple[int, str | None, Cause | None]:
     return (*exit_status(ended.code, ended.outcomes), None)
 
 
-def run(args: argparse.Namespace, cmd: list[str], settings: Any) -> tuple[int, str | None]:
+def run(args: argparse.Namespace, cmd: Sequence[str], settings: Any) -> tuple[int, str | None]:
     """Launch the job, and again after each failure a relaunch repairs, at most
     ``args.max_relaunches`` times, each resuming from the newest state the
     :class:`state_replica.Keeper` holds; the exit status and the line saying why."""
@@ -98,9 +98,9 @@ def run(args: argparse.Namespace, cmd: list[str], settings: Any) -> tuple[int, s
     relaunches = 0
     try:
         while True:
-            cmd[1:1] = ["-x", state_replica.ADDRESS_ENV, "-x", state_replica.SECRET_ENV,
-                        "-x", f"{state_replica.LAUNCH_ENV}={relaunches}"]
-            status, why, cause = verdict(run_once(args, cmd, settings))
+            this = [cmd[0], "-x", state_replica.ADDRESS_ENV, "-x", state_replica.SECRET_ENV,
+                    "-x", f"{state_replica.LAUNCH_ENV}={relaunches}", *cmd[1:]]
+            status, why, cause = verdict(run_once(args, this, settings))
             if cause is None or relaunches >= args.max_relaunches:
                 return status, why
             again, why_not = arguments(args, cause)
