@@ -25,10 +25,9 @@ if TYPE_CHECKING:
 class GrowthPolicy:
     """When to grow, identically on every rank.
 
-    Joiners are spawned one per join: Open MPI's runtime applies ``--with-ft ulfm``
-    to the job ``mpirun`` started only, so in a spawned job of several processes
-    the death of one kills its siblings (measured here).  A spawned job of one
-    process loses nobody else.
+    Joiners are spawned one per join: ``--with-ft ulfm`` covers mpirun's own job only,
+    so in a spawned job of several processes the death of one kills its siblings
+    (docs/measurements.md).
 
     ``spares``: the job's number of hot spares (:mod:`.core.spares`): a lost rank is
     replaced by a ready spare first, back up to the size the job started with; when
@@ -42,10 +41,9 @@ class GrowthPolicy:
     one small broadcast every ``check_every`` steps.  After a failed spawn (or
     joiners that died before joining) the next try waits ``retry_steps`` steps;
     after ``max_failures`` failures in a row the job stops trying, and rank 0 says so.
-    A spawn or a join that a loss of the job's own ranks ended is no failure of growth
-    (the soak met losses every ~15 s, each ending a join whose joiner needed ~11 s:
-    counted, three of them stopped growth for good, without a word): the next step
-    tries again.
+    A spawn or a join that a loss of the job's own ranks ended is no failure of growth:
+    the next step tries again (counted, frequent losses stopped growth for good;
+    docs/measurements.md).
     """
 
     def __init__(self, respawn: bool = False, max_np: int | None = None,

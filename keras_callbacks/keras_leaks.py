@@ -1,23 +1,22 @@
 """Two Keras 3 memory leaks that a long elastic job would hit at every epoch.
 
-Both keep native memory for good (Keras 3.15.1, the newest; measured without
-elastic_hvd by ``bench/fit_memory.py``), so a job that runs for days grows
+Both keep native memory for good (Keras 3.15.1, the newest; ``bench/fit_memory.py``
+shows it without elastic_hvd; docs/measurements.md), so a job that runs for days grows
 without end.  tf_keras has neither.
 
 * ``model.fit`` on a dataset of unknown length without ``steps_per_epoch``
-  keeps 70-150 kB per call, and ``fit_elastic`` calls it once per epoch (+1.7 %
-  RSS in 7.5 minutes of 0.7 s epochs).  Given a ``steps_per_epoch`` it keeps
-  nothing, even when the data runs out first, so each call gets one that no
-  epoch reaches (the epoch still ends when the sampler's data does), and
-  callbacks still see ``steps`` None: the length is unknown.  tf_keras would
+  keeps memory at every call, and ``fit_elastic`` calls it once per epoch.  Given a
+  ``steps_per_epoch`` it keeps nothing, even when the data runs out first, so each
+  call gets one that no epoch reaches (the epoch still ends when the sampler's data
+  does), and callbacks still see ``steps`` None: the length is unknown.  tf_keras would
   log a warning at every epoch for the bound, so it gets none.
-* ``model.save_weights`` of a compiled model keeps ~70 kB per call (the
+* ``model.save_weights`` of a compiled model keeps memory at every call (the
   checkpoint's writer saves once per epoch).  The cause: Keras' saving walks
   each object's attributes minus a "skip set" built from a reference object of
   the same type, and caches that set under one global-state key
   (``saving_attr_skipset_<type>``) while it reads another
   (``saving_attr_skiplist_<type>``).  The cache never hits, so every save
-  builds a reference ``Optimizer(1.0)``, and each built optimizer keeps ~70 kB.
+  builds a reference ``Optimizer(1.0)``, and each built optimizer keeps some.
   :func:`save_weights` stores the set under the key Keras reads first: the
   file is the same, the save keeps nothing.
 """
@@ -69,7 +68,8 @@ def _cache_optimizer_skip_set() -> None:
     """Store the optimizer's skip set where Keras 3 looks for it (see the module doc).
 
     Set again after ``keras.utils.clear_session()``, which empties the global state.
-    Only the optimizer's: the other types' reference objects keep nothing (measured).
+    Only the optimizer's: the other types' reference objects keep nothing
+    (docs/measurements.md).
     """
     try:
         from keras.src.backend.common import global_state

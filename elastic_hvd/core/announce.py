@@ -37,13 +37,9 @@ def effect(topic: str, describe: Callable[[MembershipEvent], str | None]) -> Non
 
 
 def who(rank: int | None, original_id: int | None, *, with_id: bool = False) -> str:
-    """The one naming of a rank in every message (the announcement, a spare's lines,
-    the heartbeat's, the launcher's reports): ``rank 2`` -- its number now (a lost
-    one's when it was lost) -- and ``rank 1 (id 2)`` once ranks were renumbered, so
-    that its stable *id* (the rank it started as, or the next free one for a process
-    that joined) follows one process through every renumbering.  ``with_id`` says the
-    id even where it equals the rank (a line that names two processes of one number);
-    ``id 2`` alone where the rank is not known."""
+    """The one naming of a rank in every message: ``rank 2``, ``rank 1 (id 2)`` once
+    ranks were renumbered (the id, its first rank, follows one process; docs/training.md),
+    ``id 2`` where the rank is unknown; ``with_id``: the id even where it equals the rank."""
     if rank is None:
         return f"id {original_id}"
     return f"rank {_number(rank, original_id, with_id)}"
@@ -149,8 +145,8 @@ class _LineWatch:
     """``sys.stdout`` as it was, noting whether its last write left a line open.
 
     Why this process's own stream: under ``mpirun`` each rank's output reaches the
-    console line by line (Open MPI holds an open line back until its end, measured),
-    so only what this rank wrote before can share the announcement's line."""
+    console line by line (Open MPI holds an open line back until its end:
+    docs/measurements.md), so only this rank's own output can share the line."""
 
     def __init__(self, stream: TextIO) -> None:
         self.stream, self.open = stream, False

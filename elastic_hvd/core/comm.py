@@ -124,9 +124,8 @@ class ResilientComm(JoiningMixin, RepairMixin, CollectivesMixin):
         """Make our own communicator from ``comm`` and learn every rank's host and identity,
         leaving out ranks that die meanwhile.
 
-        ``MPI_Comm_dup`` with a dead member fails on some ranks and succeeds on
-        others (measured); ``MPI_Comm_shrink`` is a copy that ULFM completes
-        uniformly despite failures, so an elastic job starts with it.  Its agreement
+        An elastic job starts with ``MPI_Comm_shrink``, which ULFM completes uniformly
+        despite failures (workarounds.TABLE 'shrink_at_start').  Its agreement
         on ``comm`` takes ERA's first identifier, which no earlier agreement of this
         process may hold (see ``mpi_env.ulfm_compiled``): a stale entry of that name
         in ERA's history is what a late rank could answer a peer's query with."""
@@ -196,17 +195,11 @@ class ResilientComm(JoiningMixin, RepairMixin, CollectivesMixin):
 
     # -- the transaction ----------------------------------------------------------
     def run(self, signature: Any, attempt: Callable[[Any], Any]) -> Any:
-        """Run ``attempt(mpi_comm) -> result`` as one resilient collective.
-
-        Every surviving rank returns the same result (computed by the survivors
-        alone if a rank died during the call) or raises the same error.
-        ``signature`` must be equal on all ranks for a matching call and is
-        checked cheaply (see module doc); ``None`` skips the check, for internal
-        exchanges that all ranks are known to make together.  ``attempt`` must
-        communicate on the communicator it is given, never on a duplicate of it:
-        mpi4py's pickled ``reduce``/``allreduce``/``scan``/``exscan`` do (a hidden
-        one), and a revoke then frees nobody waiting in them.
-        """
+        """Run ``attempt(mpi_comm) -> result`` as one resilient collective: every
+        survivor returns the same result or raises the same error.  ``signature``: equal
+        on all ranks for a matching call (None: unchecked).  ``attempt`` communicates on
+        the communicator given, never a duplicate (mpi4py's pickled reductions use a
+        hidden one, which a revoke does not reach)."""
         return self.run_many([(signature, attempt)])[0]
 
     def run_many(self, calls: Sequence[tuple[Any, Callable[[Any], Any]]]) -> list[Any]:
@@ -315,10 +308,9 @@ class ResilientComm(JoiningMixin, RepairMixin, CollectivesMixin):
         from a SIGTERM handler that calls ``sys.exit``, ``KeyboardInterrupt`` from
         Ctrl-C -- may land between two steps of the protocol (say, after the shrink
         of a repair and before the survivors settle on the new communicator): this
-        rank's next agreement would then meet the others' next step, not theirs
-        (measured: the job hung; in the soak an agreement met another rank's shrink
-        and returned ``0x1``).  So this rank leaves as a crash, which every survivor
-        repairs alike, instead of leaving cleanly from a point the others never reach."""
+        rank's next agreement would then meet the others' next step, not theirs, and
+        the job hangs (workarounds.TABLE 'interrupted_protocol_crash').  So this rank
+        leaves as a crash, which every survivor repairs alike."""
         with self._heartbeat or contextlib.nullcontext():
             try:
                 yield
@@ -396,7 +388,7 @@ class ResilientComm(JoiningMixin, RepairMixin, CollectivesMixin):
         did (both seen).  If instead some member had *decided* on the genuine value
         and gone on, the repair's own agreement (inside ``MPI_Comm_shrink``) meets
         that member's next one: the stamp recognises the mixed value again, but the
-        shrinks no longer match and would wait for ever (measured).  A failure is
+        shrinks no longer match and would wait for ever (docs/measurements.md).  A failure is
         what ULFM's repair does handle, so a rank that has not agreed again within
         its deadline ends itself as a crash, and the others go on without it; the
         deadlines are staggered by rank so that one rank at a time goes."""
@@ -447,9 +439,9 @@ class ResilientComm(JoiningMixin, RepairMixin, CollectivesMixin):
         may be in its own first agreement just then, and a bare one pairs with it
         without telling either side -- the leaver reads the value as a mismatch,
         the others as their outcome -- so they go on to different exchanges and
-        every rank raises MismatchError (measured: a spawn's outcome ``0`` met a
-        leaver's announcement).  A transaction's agreement carries its phase, so
-        both sides see the mismatch, and the signatures then show who leaves."""
+        every rank raises MismatchError (docs/measurements.md).  A transaction's
+        agreement carries its phase, so both sides see the mismatch, and the signatures
+        then show who leaves."""
         def attempt(comm: Any) -> int:
             result = np.empty(1, dtype=np.int64)  # fresh: a failed try may have written it
             comm.Allreduce(np.array([flag], dtype=np.int64), result, op=self.MPI.BAND)
@@ -498,15 +490,11 @@ class ResilientComm(JoiningMixin, RepairMixin, CollectivesMixin):
         return False
 
     def leave(self) -> None:
-        """The last collective of a process that is done (``atexit``).
-
-        When every rank leaves it is a barrier, so that all finalize together.  A
-        rank that leaves while others go on training (it returned, called
-        ``sys.exit`` or ran a SIGTERM handler that did) announces it: the others'
-        collective is interrupted within :data:`LEAVE_TIMEOUT`, the signatures show
-        who leaves, this rank raises :class:`LeftEarly` (and exits without meeting
-        anyone again) and the others continue without it, as after a crash but
-        with no detection delay and no ``MismatchError``."""
+        """The last collective of a process that is done (``atexit``): a barrier when
+        every rank leaves.  One that leaves while others train on (it returned, or called
+        ``sys.exit``) interrupts their collective within :data:`LEAVE_TIMEOUT`; the
+        signatures show who leaves, it raises :class:`LeftEarly`, and the others go on
+        without it as after a crash, with no detection delay and no MismatchError."""
         self.run(LEAVE, lambda comm: comm.Barrier())
 
     def _application_error(self, error: BaseException | None, signature: Any) -> None:

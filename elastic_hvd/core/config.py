@@ -7,7 +7,7 @@ Each :class:`Setting` names its environment variable, type, default and lower
 bound; :func:`load` reads them all when ``init()`` runs (or before, if MPI is
 loaded first) and rejects a bad value with a message naming the variable.
 ``elastic-hvd-run``'s flags set these variables; plain ``mpirun`` users pass
-them with ``-x``.  The README's table is checked against this one by a test.
+them with ``-x``.  docs/settings.md's tables are checked against this one by a test.
 
 The table also names the variables by which our own processes talk to each other
 (the launcher to its ranks, a rank to the processes it spawns), marked

@@ -32,7 +32,7 @@ so neither reaches into the other.
 Why the ready signal is a point-to-point message and not a non-blocking barrier:
 a failed schedule of Open MPI's non-blocking collectives (``libnbc``) prints
 ``NBC_Progress: an error 75 was found during schedule ...`` on every rank, and
-an abandoned join always fails one (measured).  A receive that fails is silent.
+an abandoned join always fails one (docs/measurements.md).  A failed receive is silent.
 """
 
 import atexit
@@ -193,14 +193,13 @@ class Invitation:
     process at once rather than at ``join()``, so that it does not use a host for
     nothing, and above all is gone before the running ranks create communicators
     again: Open MPI 5.0.11 segfaults in a rank that learns of a process's end while
-    it activates a communicator (seen here: an abandoned joiner that reached
-    ``join()`` late ended during the next spawn and took the running ranks down).
+    it activates a communicator (docs/measurements.md).
     The thread raises :class:`JoinAbandoned` in the main thread, at its next
     Python instruction, which then exits the ordinary way (``MPI_Finalize`` at
     exit); the thread never finalizes MPI itself, which the main thread may be
     using.  A main thread inside a call that does not come back to Python (a C
-    library's wait) never gets the exception: one given-up joiner of the soak
-    stayed 16 minutes and kept mpirun from ending.  So a process still here
+    library's wait) never gets the exception (such a joiner kept mpirun from ending:
+    docs/measurements.md).  So a process still here
     ``ELASTIC_HVD_EXIT_GRACE`` seconds later prints its main thread's stack and ends
     itself with SIGKILL (a joiner that dies is no failure of the job).
     """
@@ -696,10 +695,8 @@ class Growth:
 
 def _minimum(MPI: Any, comm: Any, value: int) -> int:
     """The minimum of the ints ``value`` over ``comm``, by ``MPI_Allreduce`` on ``comm``
-    itself.  Never mpi4py's pickled ``comm.allreduce``: it runs point-to-point on a
-    hidden duplicate of ``comm`` that a revoke of ``comm`` does not reach, so a rank
-    that leaves (and revokes) while the others wait in it left them spinning for
-    ever (seen in the soak: tests/test_growth.py)."""
+    itself: mpi4py's pickled ``allreduce`` runs on a hidden duplicate that a revoke
+    does not reach, and left the others spinning for ever (docs/measurements.md)."""
     buffer = np.array([value], dtype=np.intc)
     comm.Allreduce(MPI.IN_PLACE, buffer, op=MPI.MIN)
     return int(buffer[0])
@@ -741,7 +738,7 @@ def leave_unjoined(why: str, *comms: Any, finalize: bool = True,
     Never a bare ``os._exit(0)`` after ``MPI_Init``: mpirun takes a process that
     exits with status 0 without finalizing for an abnormal termination, prints a
     long notice and kills every process of the job, the running ranks included
-    (measured; the ranks had already given this process up).  ``finalize=False``
+    (docs/measurements.md).  ``finalize=False``
     is for a process stuck before its merge, which cannot finalize."""
     _leaving.acquire()  # once: the start-up watchdog's thread or the main thread
     print(_leaving_line(why, who), file=sys.stderr, flush=True)

@@ -4,7 +4,7 @@
 sends and checks heartbeats only while something drives MPI progress. A Python
 thread calling ``Iprobe`` would need the GIL, so a rank inside a long C call that
 holds the GIL (a big ``re`` match, a C extension that never releases it) would stop
-beating and be evicted -- and SIGKILLed by the fence -- although alive (measured).
+beating and be evicted -- and SIGKILLed by the fence -- although alive (docs/liveness.md).
 Open MPI's own ``mpi_ft_detector_thread`` is unusable in 5.0.11 (it crashes
 ``MPI_Init`` now and then and hangs ``MPI_Finalize``; see docs/liveness.md). So
 :class:`NativeProgress` builds the progress loop out of native parts only: a private
@@ -18,11 +18,9 @@ the detector is for.
 **Never beside a collective.**  The loop is paused while the main thread is inside
 a collective (``with heartbeat:``, :class:`Heartbeat` as a context manager), which drives
 progress itself.  Open MPI 5.0.11's agreement (ERA) is not safe against
-``opal_progress`` running in two threads at once: with this loop running beside
-a tight loop of ``Allreduce`` + ``Agree`` on 3 ranks, about 1 agreement in 10^5
-to 10^6 returned a value that was not the AND of the values given -- on every
-rank alike, or on one rank alone (measured; ``tests/test_core_resilience.py``'s
-million-collective test met it; 0 in 2 x 10^6 without the loop, 0 with the pause).
+``opal_progress`` running in two threads at once: now and then an agreement
+returns a value that is not the AND of the values given (workarounds.TABLE
+'paused_progress'; how often: docs/measurements.md).
 Pausing is ``event_del``, which waits for a callback that is running (libevent's
 pthreads locking is switched on for that), and ``event_add`` to resume.  Neither
 may wake the loop's thread: libevent wakes it (a write to an eventfd, and on a busy

@@ -126,24 +126,10 @@ def end_broken(why: str) -> None:
 
 
 def retire(comm: Any) -> None:
-    """Be done with an mpi4py communicator but never ``MPI_Comm_free`` it.
-
-    Open MPI 5.0.x's agreement (ERA) names an agreement by the communicator's
-    context id (CID), an epoch and a per-communicator sequence number, and keeps
-    the last agreement of a freed communicator in its history until
-    ``MPI_Finalize`` (its free hook is compiled out).  A freed CID is handed to the
-    next new communicator; if that one also gets the same epoch (the epoch comes
-    from how many communicators each member has made: a spawned process lags), its
-    agreements reuse the old names, and a rank that a peer asks before entering
-    the new agreement answers with the *old* value.  Seen here as agreed outcomes
-    that no live rank contributed (a MismatchError between ranks that called the
-    same collective; a RemoteCollectiveError that no rank holds) after a join was
-    abandoned, and as ERA's "removing old agreement ... due to cycling of
-    identifiers" warning.  A CID that is never freed is never reused.  The cost:
-    one communicator's memory per repair or join, kept until the process exits.
-    (ERA keeps only a CID's low 16 bits: names could meet again after some 65 000
-    communicators, tens of thousands of repairs and joins away.)
-    """
+    """Be done with an mpi4py communicator but never ``MPI_Comm_free`` it: a freed
+    communicator's context id, reused, lets a new agreement be answered with the old
+    one's value (workarounds.TABLE 'never_free'; docs/openmpi-quirks.md).  The cost:
+    one communicator's memory per repair or join, until the process exits."""
     process.runtime().retired.append(comm)
     workarounds.used("never_free")
 

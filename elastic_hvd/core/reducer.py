@@ -219,17 +219,8 @@ def _buffers(arrays: Sequence[np.ndarray], threshold: int) -> list[list[list[int
 def fused_allreduce(comm: Any, arrays: Sequence[np.ndarray], op: int,
                     prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> list:
     """Allreduce many arrays over ``comm`` in as few MPI calls as the fusion threshold
-    allows, all of them one transaction (``ResilientComm.run_many``: one agreement).
-
-    Arrays of one dtype are packed into buffers of at most the fusion threshold,
-    one MPI_Allreduce each; they are one call of the transaction, whose signature
-    carries the arrays' shapes (ranks that pack other shapes mismatch, even with
-    equal sizes) and the cut into buffers.  bfloat16 is packed into float32 and its
-    signature names bfloat16 too: ranks that pass bfloat16 and float32 mismatch, as
-    Horovod's do, instead of summing together.  Every result of a buffer in the
-    arrays' own dtype starts on a 64-byte boundary (segments are padded with
-    zeros), so TF can take it without a copy.
-    """
+    allows, as one transaction (``ResilientComm.run_many``: one agreement); how arrays
+    are packed, and what the signature names, is :func:`_fused_calls`'s doc."""
     calls, unpack = _fused_calls(comm, [arrays], op, prescale_factor, postscale_factor)
     return unpack(comm.run_many(calls))
 
@@ -238,8 +229,15 @@ def _fused_calls(comm: Any, groups: Sequence[Sequence[np.ndarray]], op: int,
                  prescale_factor: float, postscale_factor: float) -> tuple[list, Any]:
     """The calls of :func:`fused_allreduce` for each group of arrays (each fused
     separately; one call per group and dtype), and what turns their outcomes into
-    the results, flat, in order.  All buffers' results share one allocation, each at
-    a 64-byte boundary."""
+    the results, flat, in order.
+
+    Arrays of one dtype are packed into buffers of at most the fusion threshold, one
+    MPI_Allreduce each, one call of the transaction whose signature carries the arrays'
+    shapes (ranks that pack other shapes mismatch, even with equal sizes) and the cut
+    into buffers.  bfloat16 is packed into float32 and its signature names bfloat16:
+    ranks that pass bfloat16 and float32 mismatch, as Horovod's do, instead of summing.
+    All buffers' results share one allocation, each result in the arrays' own dtype at
+    a 64-byte boundary (segments padded with zeros), so TF takes it without a copy."""
     settings = config.current()
     pieces = settings.allreduce_piece_bytes
     # (sends, wire dtype, signature, byte offset of each result), one per call

@@ -71,12 +71,9 @@ class RepairMixin:
         """Wait until every live member of ``new``, a communicator just created, has
         finished activating it: call it on every member before anyone may revoke it.
 
-        Open MPI 5.0.11 segfaults (``ompi_comm_revoke_local``) in a rank that
-        receives a revoke for a communicator it is still activating -- a fast rank
-        that met a failure in its first collective on it sent one (seen in CI: a
-        rank died inside a shrink).  A rank leaves an agreement only once every
-        live member entered it, so all of them have finished activating; its
-        outcome does not matter (the next collective finds any failure)."""
+        Open MPI 5.0.11 segfaults in a rank that receives a revoke for a communicator
+        it is still activating (workarounds.TABLE 'settle').  A rank leaves an agreement
+        only once every live member entered it; its outcome does not matter."""
         workarounds.used("settle")
         try:
             new.Agree(0)

@@ -165,19 +165,10 @@ def _crash_after(report: _ExceptHook) -> _ExceptHook:
 
 
 def _crash_if_others_go_on() -> None:
-    """After an uncaught exception, end this rank *as a crash* if other ranks go on.
-
-    So that they (perhaps inside a collective) evict it and go on, instead of
-    meeting it in a final barrier it reaches out of turn.  A process that has not
-    joined yet too: the running ranks see it die, give its join up and spawn again
-    (measured; one that finalizes would leave them waiting).  By SIGKILL, not
-    ``os._exit(1)``: PRRTE 3.0.11 (Open MPI 5.0.11) takes a registered process that
-    exits with a non-zero status before MPI_Finalize for a normal end (its
-    ``error-nonzero-status`` option is off) and tells nobody, so the others noticed
-    only when the heartbeat detector evicted it (its timeout, 10 s by default); a
-    death by signal is reported to them at once (tests/test_exit_paths.py).  Under
-    plain ``mpirun`` the job's status is then that of a killed rank (0);
-    ``elastic-hvd-run`` counts the rank as lost either way."""
+    """After an uncaught exception, end this rank *as a crash* if other ranks go on (a
+    joiner too), so that they evict it and go on instead of meeting it in a final
+    barrier out of turn.  By SIGKILL, which they learn of at once
+    (workarounds.TABLE 'crash_by_sigkill'); ``elastic-hvd-run`` counts the rank as lost."""
     rt = process.runtime()
     comm = rt.comm
     if comm is None or (comm.size <= 1 and not comm.joining):
@@ -283,8 +274,8 @@ def leave_raising_to_launcher() -> None:
 def when_strict_abort(hook: Callable[[int], None]) -> None:
     """Call ``hook(status)`` just before strict mode aborts the job on an anomaly:
     ``elastic-hvd-run``'s wrapper records it and the launcher ends the whole job,
-    which ``MPI_Abort`` in a process spawned into the job does not do (it ends only
-    the spawned job; seen in the soak)."""
+    which ``MPI_Abort`` in a process spawned into the job does not do (it ends only the
+    spawned job: docs/measurements.md)."""
     process.runtime().on_strict_abort = hook
 
 
@@ -296,13 +287,10 @@ def when_broken(hook: Callable[[str], None]) -> None:
 
 
 def when_leaving(hook: Callable[[bool], None]) -> None:
-    """Call ``hook(early)`` when this process leaves the job: ``early`` True just
-    before it exits while other ranks go on training (see ``ResilientComm.leave``),
-    False once it has passed the final barrier that every rank left meets.
-    ``elastic-hvd-run``'s wrapper records which: a rank that left early completed
-    nothing (its status alone must not make a job whose other ranks were all lost
-    count as completed), and only ranks past the final barrier know the job's last
-    members (the launcher ends a lingering mpirun when they all finished)."""
+    """Call ``hook(early)`` when this process leaves the job: ``early`` True just before
+    it exits while others train on (``ResilientComm.leave``), False past the final
+    barrier.  ``elastic-hvd-run``'s wrapper records which: an early leaver completed
+    nothing, and only ranks past the barrier know the job's last members."""
     process.runtime().on_leaving = hook
 
 

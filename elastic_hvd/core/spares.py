@@ -20,10 +20,8 @@ for one of two messages:
 * *release*: training ended without needing it; it exits 0.
 * *called off*: the training ranks gave its adoption up before the connect completed
   (one of them died inside ``MPI_Comm_accept``).  The spare's ``MPI_Comm_connect``
-  then never returns (measured: stuck in ``PMIx_Lookup`` until the detector, fed by
-  nobody, evicted the spare 10 s later), and a second adoption of it leaves the
-  root's accept stuck too, which broke the job when the spare finally died (an
-  endless ``NBC_Progress`` error 77 loop, a heap corruption).  So the ranks drop it
+  then never returns, and a second adoption of it breaks the job (docs/openmpi-quirks.md,
+  "a training rank that dies inside an adoption's accept").  So the ranks drop it
   from the pool, and the spare, told so (or finding the root dead), leaves: as a
   crash if still inside its connect, else cleanly.
 
@@ -48,13 +46,13 @@ spare waits *inside* ``init()`` (``ELASTIC_HVD_SPARES_WAIT``, see
 
 Why a port and not ``MPI_Intercomm_create`` over ``MPI_COMM_WORLD``: once a world
 rank has died, Open MPI 5.0.11's ``MPI_Intercomm_create`` with the world as its
-bridge fails with ``MPI_ERR_INTERN`` on every side (measured; connect/accept
-worked, ~35 ms on 3 ranks).  The port name travels on the world from the lowest
+bridge fails with ``MPI_ERR_INTERN`` on every side; connect/accept works
+(docs/openmpi-quirks.md).  The port name travels on the world from the lowest
 training rank that is a world process (a spawned rank has another world).
 
-Waiting costs nothing: one ``MPI_Iprobe`` every :data:`SPARE_POLL` seconds (measured:
-0.2 % of a core), while the heartbeat's native loop keeps the detector fed.  A
-spare also leaves once every training rank of the world is gone: nobody could
+Waiting costs nothing: one ``MPI_Iprobe`` every :data:`SPARE_POLL` seconds (a fraction
+of a percent of a core: docs/measurements.md), while the heartbeat's native loop keeps
+the detector fed.  A spare also leaves once every training rank of the world is gone: nobody could
 adopt or release it then.
 
 **Spawned spares refill the pool** (``--spares K --respawn``): once a spare has

@@ -217,13 +217,9 @@ class MergeCall:
     def result(self) -> tuple[Any, BaseException | str | None]:
         """``(merged communicator, None)``, or ``(None, why)`` if it failed here, a
         member of the job (or the process to connect) failed meanwhile, or it did not
-        finish within the :attr:`timeout_setting`'s seconds.
-
-        Why watch the members: ``MPI_Comm_spawn`` does not fail when one of the
-        spawning ranks dies inside it (seen in the soak: a SIGKILL then stalled
-        every rank until the timeout, 60 s).  The runtime reports the death to the
-        survivors within milliseconds, so the spawn is given up as soon as this
-        rank knows of a failed member; the agreement that follows repairs."""
+        finish within the :attr:`timeout_setting`'s seconds.  The members are watched
+        because ``MPI_Comm_spawn`` does not fail when a spawning rank dies inside it
+        (workarounds.TABLE 'spawn_given_up'); the agreement that follows repairs."""
         deadline = time.monotonic() + self.timeout_s
         why = None
         while not self._done.wait(SPAWN_WATCH_PERIOD):
@@ -249,22 +245,11 @@ class MergeCall:
 
     def _end_if_broken(self) -> None:
         """After the call failed or was given up: end this process as a crash if Open
-        MPI left it unable to make communicators.  Open MPI 5.0.11 allocates a merged
-        communicator's context id with a loop that retries for ever once a process of
-        the other side dies (or the call is revoked) inside it: the merge never
-        returns, errors stream out (``NBC_Progress: an error 77``), and every later
-        communicator made from a newer one waits for ever (measured with plain mpi4py,
-        docs/openmpi-quirks.md).  A process that dies inside its ``MPI_Comm_connect``
-        may leave the accepting ranks unable to make any communicator (one that dies
-        before it: no harm), hence the probe (:class:`.spares.AdoptCall`); a spawn
-        that never ends leaves only a thread behind (measured: later spawns work) --
-        unless that thread spins: a call given up that keeps a share of a core busy
-        (:data:`SPIN_SHARE`) is that endless retry, wherever it began (measured: a merge
-        a process died in, 46-60 % of a core per rank on 2 cores; a spawn stuck for
-        a joiner that never starts, 0 %).  Such a process is never of use again and
-        would stream errors and grow without end (the soak of 2026-12-07: two ranks
-        trained on beside such a loop, one step took 61 s, and mpirun, buffering
-        their output, grew to 12 GB until the OOM killer ended the job)."""
+        MPI left it unable to make communicators (workarounds.TABLE 'merge_death_crash';
+        docs/openmpi-quirks.md): a merge that a process died in, a connect whose partner
+        died inside it (probed), or a given-up call whose thread spins
+        (:data:`SPIN_SHARE`), Open MPI's endless retry.  A spawn that merely never ends
+        leaves only a thread behind, and later spawns work."""
         stuck = not self._done.wait(BROKEN_GRACE)
         if self._merge_started and (stuck or not self._merge_ended):
             workarounds.used("merge_death_crash")
@@ -308,7 +293,7 @@ class MergeCall:
     def _partner_failed(self) -> bool:
         """Whether a process this call connects to is known to have failed, once
         connected: a probe for a message from it (one never sent) fails once the
-        runtime reported its death (measured: within ~0.1 s of a SIGKILL)."""
+        runtime reported its death (within ~0.1 s: docs/measurements.md)."""
         inter, MPI = self._inter, self._owner.MPI
         if inter is None:
             return False
@@ -324,9 +309,8 @@ class MergeCall:
         (``MPI_Comm_get_failed``: local, no communication)."""
         try:
             # Progress first: the runtime's news of a death is processed only by MPI
-            # progress, and nobody else makes any now -- the heartbeat's loop pauses
-            # while we are in MPI, and the spawning thread waits without it (measured:
-            # no failure seen in 20 s without this probe, at once with it).
+            # progress, and nobody else makes any now (the heartbeat's loop pauses while
+            # we are in MPI; without this probe: docs/measurements.md).
             self._owner.MPI.COMM_SELF.Iprobe()
             failed = self._comm.Get_failed()
         except self._owner.MPI.Exception:
@@ -349,11 +333,10 @@ class SpawnCall(MergeCall):
     ``extra_env``: variables for the joiners' environment on top of this process's,
     theirs from the start (:func:`early_environment`).
 
-    A new process that never completes ``MPI_Init`` (seen here: one stuck in it;
-    one that dies before it) leaves ``MPI_Comm_spawn`` blocked for ever in the
-    spawning root.  After the timeout every rank revokes the duplicate, which frees
-    the ranks waiting for the root, and goes on; the root's thread stays behind
-    (measured: a later spawn, from a new duplicate, works).
+    A new process that never completes ``MPI_Init`` leaves ``MPI_Comm_spawn`` blocked
+    for ever in the spawning root (workarounds.TABLE 'spawn_given_up'): after the
+    timeout every rank revokes the duplicate and goes on; the root's thread stays
+    behind, and a later spawn, from a new duplicate, works.
     """
 
     def __init__(self, comm: "ResilientComm", count: int, hosts: Sequence[str] = (),

