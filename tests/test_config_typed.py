@@ -50,3 +50,27 @@ def test_mypy_refuses_a_misspelt_setting(tmp_path):
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert '"Config" has no attribute "spawn_timout"' in proc.stdout, proc.stdout
     assert proc.stdout.count("error:") == 1, proc.stdout  # the typo only
+
+
+def test_the_growth_settings_reach_the_policy_and_the_discovery(tmp_path):
+    from elastic_hvd.growth_policy import GrowthPolicy, discover_hosts
+
+    default = GrowthPolicy(respawn=True)
+    assert (default.retry_steps, default.max_failures, default.interval, default.check_every) \
+        == (20, 3, 5.0, 10)  # the table's defaults
+    policy = GrowthPolicy.from_env({"ELASTIC_HVD_RESPAWN": "1",
+                                    "ELASTIC_HVD_GROWTH_RETRY_STEPS": "7",
+                                    "ELASTIC_HVD_GROWTH_MAX_FAILURES": "2"})
+    assert (policy.retry_steps, policy.max_failures) == (7, 2)
+    slow = tmp_path / "discover.sh"
+    slow.write_text("#!/bin/sh\nsleep 5\necho a:1\n")
+    slow.chmod(0o755)
+    with pytest.raises(subprocess.TimeoutExpired):
+        discover_hosts(str(slow), 0.2)
+
+
+def test_the_timing_settings_default_to_the_values_the_code_had():
+    # issue 43: the numbers moved into the table unchanged
+    assert (config.DEFAULTS.anomaly_timeout, config.DEFAULTS.connected_finalize_deadline,
+            config.DEFAULTS.discovery_timeout, config.DEFAULTS.exit_grace,
+            config.DEFAULTS.stopped_peer_patience) == (5.0, 3.0, 30.0, 10.0, 1.5)

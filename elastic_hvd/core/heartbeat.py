@@ -352,7 +352,7 @@ class Heartbeat:
     def _watch(self, board: WaitingBoard) -> None:
         last_told, warned = 0.0, False
         stall, say_after = self._stall_timeout, timings.STALL_SAY_AFTER
-        poll = min(timings.STALL_POLL, stall / 4)
+        poll = min(timings.STALL_POLL, stall / timings.STALL_POLLS)
         while not self._stop.wait(poll):
             now = time.monotonic()
             if (self._in_collective and now - self._entered > min(say_after, stall / 2)
@@ -364,7 +364,8 @@ class Heartbeat:
                 warned = False
                 continue
             who = self._who()
-            if board.others_waited_within(3 * poll + timings.STALL_BOARD_SLACK):
+            if board.others_waited_within(timings.STALL_BOARD_POLLS * poll
+                                          + timings.STALL_BOARD_SLACK):
                 print(f"elastic_hvd: {who} made no progress (no collective, no "
                       f"heartbeat.progress()) for {idle:.1f}s > stall timeout "
                       f"{self._stall_timeout:g}s while other ranks wait for it: assuming it "

@@ -20,13 +20,13 @@ PROGRESS_WAKEUPS_PER_PERIOD = 10
 PROGRESS_MIN_INTERVAL = 0.005
 #: How long ``stop()`` waits for the progress loop to leave.
 PROGRESS_STOP_WAIT = 5.0
-#: The stall watchdog looks every ``min(STALL_POLL, stall timeout / 4)``; a rank in a
-#: collective for ``min(STALL_SAY_AFTER, timeout / 2)`` tells the board it waits, again
-#: every ``min(STALL_SAY_AFTER, timeout / 3)``; a peer counts as waiting if it said so
-#: within 3 polls + ``STALL_BOARD_SLACK``.
-STALL_POLL = 0.5
+#: The stall watchdog looks every ``min(STALL_POLL, stall timeout / STALL_POLLS)``; a rank
+#: in a collective for ``min(STALL_SAY_AFTER, timeout / 2)`` tells the board it waits, again
+#: every ``min(STALL_SAY_AFTER, timeout / 3)``; a peer counts as waiting if it said so within
+#: ``STALL_BOARD_POLLS`` polls + ``STALL_BOARD_SLACK``.
+STALL_POLL, STALL_POLLS = 0.5, 4
 STALL_SAY_AFTER = 1.0
-STALL_BOARD_SLACK = 1.0
+STALL_BOARD_POLLS, STALL_BOARD_SLACK = 3, 1.0
 #: Time for the launcher to forward the watchdog's last line before the rank kills itself.
 LAST_LINE_DELAY = 0.3
 
