@@ -19,6 +19,9 @@ from pathlib import Path
 
 import pytest
 
+import known_failures
+from elastic_hvd.core import procfs
+
 ROOT = Path(__file__).resolve().parent.parent
 WORKERS = ROOT / "tests" / "workers"
 
@@ -29,18 +32,16 @@ class Job:
     output: str
     results: dict  # original id -> the JSON a rank wrote
     seconds: float
+    out_dir: Path | None = None  # TEST_OUT_DIR of its ranks
 
 
 def _descendants(pid):
     children = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(entry))
+            fields = procfs.stat_fields(f"/proc/{entry}/stat")
+            if fields:
+                children.setdefault(int(fields[1]), []).append(int(entry))
     found, todo = [], [pid]
     while todo:
         for child in children.get(todo.pop(), []):
@@ -74,8 +75,16 @@ def job_processes(marker, *wanted):
 
 def parent_of(pid):
     """The parent process of ``pid`` (a rank's parent is its host's Open MPI daemon)."""
-    with open(f"/proc/{pid}/stat") as f:
-        return int(f.read().rsplit(")", 1)[1].split()[1])
+    fields = procfs.stat_fields(f"/proc/{pid}/stat")
+    if fields is None:
+        raise ProcessLookupError(f"process {pid} is gone")
+    return int(fields[1])
+
+
+def process_state(pid):
+    """The state letter of ``pid`` (``T`` stopped, ``Z`` zombie...), or None if gone."""
+    fields = procfs.stat_fields(f"/proc/{pid}/stat")
+    return fields[0] if fields else None
 
 
 def job_ranks(marker, host=None):
@@ -203,38 +212,103 @@ def run_process(worker, *args, tmp_path, timeout=120, expect_rc=0):
     return _run(cmd, env, out_dir, timeout, expect_rc, None)
 
 
+class WatcherFailed(AssertionError):
+    """A watcher's moment did not come: its deadline passed, or the job ended first."""
+
+
+#: In a watcher's thread: ``ended``, the event set when its job has ended.
+_watching = threading.local()
+
+
+def until(condition, within, what, every=0.05):
+    """Call ``condition()`` every ``every`` seconds until it returns something true, and
+    return that.  Raises :class:`WatcherFailed` when ``within`` seconds pass first or, in
+    a watcher, when its job ends first: a watcher never acts on a moment that did not
+    come, and run_job re-raises the error in the test."""
+    deadline = time.monotonic() + within
+    ended = getattr(_watching, "ended", None)
+    while True:
+        value = condition()
+        if value:
+            return value
+        if ended is not None and ended.is_set():
+            raise WatcherFailed(f"the job ended before {what}")
+        if time.monotonic() > deadline:
+            raise WatcherFailed(f"not within {within} s: {what}")
+        time.sleep(every)
+
+
+class _Watcher(threading.Thread):
+    """Runs a test's ``watcher(out_dir, marker)`` beside its job and keeps what it raised."""
+
+    #: Seconds a watcher may still run after its job ended (its waits end at once).
+    GRACE = 30
+
+    def __init__(self, watcher, out_dir, marker):
+        super().__init__(target=watcher, args=(out_dir, marker), daemon=True)
+        self.ended = threading.Event()
+        self.error = None
+
+    def run(self):
+        _watching.ended = self.ended
+        try:
+            super().run()
+        except BaseException as exc:  # noqa: BLE001 -- every error goes to the test
+            self.error = exc
+
+    def outcome(self):
+        """None once the watcher returned; else why the test fails (it raised, or runs on)."""
+        self.join(self.GRACE)
+        if self.is_alive():
+            return f"the watcher still ran {self.GRACE} s after the job ended"
+        return self.error
+
+
 def _run(cmd, env, out_dir, timeout, expect_rc, watcher):
     """Run ``cmd`` (with ``env`` added to ours) in its own session, killed with every
     descendant and every process marked as the job's when done or after ``timeout``
-    seconds; the JSON its ranks wrote to ``out_dir`` read back."""
+    seconds; the JSON its ranks wrote to ``out_dir`` read back.  What ``watcher``
+    raised fails the test."""
     started = time.monotonic()
     marker = uuid.uuid4().hex
+    known_failures.out_dirs.append(out_dir)  # where its records of upstream failures go
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True, cwd=ROOT,
                             env={**os.environ, **env, JOB_MARKER: marker})
-    if watcher is not None:
-        threading.Thread(target=watcher, args=(out_dir, marker), daemon=True).start()
+    watch = None if watcher is None else _Watcher(watcher, out_dir, marker)
+    if watch is not None:
+        watch.start()
     # Read until EOF in a thread, but wait for the launcher itself: a frozen process
     # (a stopped daemon in a test) may hold the pipe open after the launcher is done.
     chunks = []
     reader = threading.Thread(target=lambda: chunks.append(proc.stdout.read()), daemon=True)
     reader.start()
+    hung = False
     try:
         proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
-        kill_tree(proc, marker)
-        reader.join(10)
-        output = "".join(chunks)
-        pytest.fail(f"job hung for {timeout}s and was killed: {' '.join(cmd)}\n{output[-6000:]}")
+        hung = True
     finally:
+        if watch is not None:
+            watch.ended.set()
         kill_tree(proc, marker)
     reader.join(10)
     output = "".join(chunks)
     (out_dir.parent / "job.log").write_text(output)  # whole, for a failure's post-mortem
+    watched = None if watch is None else watch.outcome()
+    if hung:
+        pytest.fail(f"job hung for {timeout}s and was killed: {' '.join(cmd)}"
+                    + (f" (its watcher: {watched!r})" if watched else "")
+                    + f"\n{output[-6000:]}")
+    if isinstance(watched, BaseException):
+        watched.add_note(f"raised by the job's watcher; the job's output:\n{output[-6000:]}")
+        raise watched
+    if watched:
+        pytest.fail(f"{watched}\n{output[-6000:]}")
     results = {}
     for path in out_dir.glob("rank*.json"):
         results[int(path.stem[4:])] = json.loads(path.read_text())
-    job = Job(proc.returncode, output, results, time.monotonic() - started)
+    job = Job(proc.returncode, output, results, time.monotonic() - started, out_dir)
     if expect_rc is not None:
         assert job.returncode == expect_rc, f"exit status {job.returncode}\n{output[-6000:]}"
     return job

@@ -20,7 +20,7 @@ import time
 import pytest
 
 from elastic_hvd.core.heartbeat import WaitingBoard
-from mpijob import WORKERS, job_ranks, run_job, run_plain_mpirun
+from mpijob import WORKERS, job_ranks, run_job, run_plain_mpirun, until
 from second_user import AS_NOBODY, as_nobody, needs_root, reachable_dir
 
 
@@ -122,19 +122,18 @@ def test_a_link_planted_at_a_ranks_board_file_is_not_written_through(top, tmp_pa
     victim.mkdir(mode=0o755)
     said = []
 
+    def saying_waiting():
+        with contextlib.suppress(OSError):  # a file gone meanwhile: look again
+            said.extend(p.name for p in board.iterdir() if said_waiting(p.lstat()))
+        return said
+
     def plant(_out_dir, marker):
-        deadline = time.monotonic() + 60
-        ranks = {}
-        while len(ranks) < 2 and time.monotonic() < deadline:
-            ranks = job_ranks(marker)
-            time.sleep(0.02)
+        ranks = until(lambda: len(job_ranks(marker)) >= 2 and job_ranks(marker), 60,
+                      "both ranks started", every=0.02)
         for pid in ranks.values():
             subprocess.run([*AS_NOBODY, "ln", "-s", str(victim / str(pid)),
                             str(board / f"{socket.gethostname()}-{pid}")], check=True)
-        while time.monotonic() < deadline and not said and board.exists():
-            with contextlib.suppress(OSError):  # a file gone meanwhile: look again
-                said.extend(p.name for p in board.iterdir() if said_waiting(p.lstat()))
-            time.sleep(0.05)
+        until(saying_waiting, 60, "a rank said on the board that it waits")
 
     job = run_job("liveness.py", "tick", 1, 4, np=2, launcher=["--stall-timeout", "2"],
                   env={"ELASTIC_HVD_WAITING_BOARD": board, "ELASTIC_HVD_SHARED_DIRS": "1"},

@@ -29,6 +29,7 @@ import time
 
 import pytest
 
+from mpijob import until
 from test_checkpoint import committed_hashes
 
 STATUS_SAVES_FAILED = 6  # keras_callbacks.checkpoint.EXIT_SAVES_FAILED
@@ -132,11 +133,8 @@ def after_first_commit(action, seen):
     takes several seconds: the next save starts after it."""
     def watch(out_dir, marker):
         directory = out_dir / "ckpt"
-        deadline = time.monotonic() + 200
-        while not (directory / "checkpoint.json").exists():
-            if time.monotonic() > deadline:
-                return
-            time.sleep(0.01)
+        until((directory / "checkpoint.json").exists, 200, "the first checkpoint committed",
+              every=0.01)
         time.sleep(random.uniform(0, 0.5))
         seen["hashes"] = committed_hashes(directory)
         seen["present"] = sorted(os.listdir(directory))

@@ -19,13 +19,12 @@ import os
 import secrets
 import shutil
 import subprocess
-import time
 
 import pytest
 
-from mpijob import _descendants, job_processes, proc_entries, run_job
+from mpijob import _descendants, job_processes, proc_entries, run_job, until
 from second_user import AS_NOBODY
-from test_growth import grown
+from test_growth import DAEMON_ABORT, grown
 
 pytestmark = pytest.mark.multirank
 
@@ -65,14 +64,16 @@ def read_as_another_user(path):
 def scan_when_spawned(seen):
     """A watcher: once a spawned process has written what it sees of its environment,
     read every command line of the job into ``seen``, then let that process go on."""
+    def spawned_entry(out):
+        for path in out.glob("env-*.json"):
+            entry = json.loads(path.read_text())
+            if entry["spawned"]:
+                return entry
+        return None
+
     def watch(out, marker):
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline and "spawned" not in seen:
-            for path in out.glob("env-*.json"):
-                entry = json.loads(path.read_text())
-                if entry["spawned"]:
-                    seen["spawned"] = entry
-            time.sleep(0.05)
+        seen["spawned"] = until(lambda: spawned_entry(out), 90,
+                                "a spawned process wrote its environment")
         pids = job_tree(marker)
         seen["secret"] = next(e.split(b"=", 1)[1] for pid in pids
                               for e in proc_entries(pid, "environ")
@@ -98,7 +99,7 @@ SIMULATED_HOSTS = pytest.mark.skipif(
     pytest.param(["--max-np", "4", "--host-discovery-script", "discover.sh",
                   "--discovery-interval", "0.5", "--max-relaunches", "0"],
                  "rank=2,step=10;rank=3,step=10", "hostA:2,hostB:2,hostC:2",
-                 marks=SIMULATED_HOSTS),
+                 marks=[SIMULATED_HOSTS, pytest.mark.upstream(DAEMON_ABORT)]),
 ], ids=["respawn", "spare-refill", "max-np-on-hosts"])
 def test_no_secret_and_no_environment_on_any_command_line(tmp_path, launcher, faults, hosts):
     token = secrets.token_hex(16)

@@ -62,10 +62,9 @@ STATUS = {("wrapper_child", "crash"): 128 + signal.SIGABRT,
 
 def kill_both(out_dir, _marker):
     """SIGKILL both ranks from outside, once each has written its pid."""
+    from mpijob import until
     paths = [Path(out_dir) / f"pid{rank}" for rank in (0, 1)]
-    deadline = time.monotonic() + 60
-    while not all(p.exists() for p in paths) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    until(lambda: all(p.exists() for p in paths), 60, "both ranks wrote their pids")
     for path in paths:
         os.kill(int(path.read_text()), signal.SIGKILL)
 

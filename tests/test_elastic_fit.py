@@ -23,7 +23,7 @@ import time
 import pytest
 
 from elastic_hvd import state_format
-from mpijob import assert_same_weights_every_step, job_ranks, run_job
+from mpijob import assert_same_weights_every_step, job_ranks, run_job, until
 
 pytestmark = pytest.mark.multirank
 
@@ -168,10 +168,9 @@ def kill_world_rank_after_steps(rank, steps):
     """A watcher: SIGKILL world rank ``rank`` from outside at a random moment of the
     step after original rank 0 has committed ``steps`` steps."""
     def watch(out, marker):
-        path, deadline = out / "steps0.jsonl", time.monotonic() + 240
-        while time.monotonic() < deadline and not (
-                path.exists() and len(path.read_text().splitlines()) >= steps):
-            time.sleep(0.05)
+        path = out / "steps0.jsonl"
+        until(lambda: path.exists() and len(path.read_text().splitlines()) >= steps, 240,
+              f"original rank 0 committed {steps} steps")
         time.sleep(random.uniform(0, 0.4))  # TEST_STEP_SLEEP: a step takes > 0.4 s
         os.kill(job_ranks(marker)[rank], signal.SIGKILL)
     return watch

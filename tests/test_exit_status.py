@@ -105,13 +105,16 @@ def test_processes_that_outlive_a_killed_mpirun_are_ended_and_named(tmp_path):
     # kills them (none is left behind, none writes into the status directory while it
     # is removed: the soak's launcher ended in a traceback, "Directory not empty"),
     # names them, and fails with a shell's status for a SIGKILL.
+    from mpijob import until
+
     def kill_mpirun(out_dir, marker):
-        deadline = time.monotonic() + 60
-        while len(list(out_dir.glob("rank*.json"))) < 4 and time.monotonic() < deadline:
-            time.sleep(0.1)
-        for pid in job_processes(marker):
-            if any(b"prterun" in e or b"mpirun" in e for e in proc_entries(pid, "cmdline")[:1]):
-                os.kill(pid, signal.SIGKILL)
+        until(lambda: len(list(out_dir.glob("rank*.json"))) >= 4, 60, "all 4 ranks reported",
+              every=0.1)
+        mpiruns = [pid for pid in job_processes(marker) if any(
+            b"prterun" in e or b"mpirun" in e for e in proc_entries(pid, "cmdline")[:1])]
+        assert mpiruns, "no mpirun in the job"
+        for pid in mpiruns:
+            os.kill(pid, signal.SIGKILL)
     job = run_job("exit_status.py", "run_on", np=4, watcher=kill_mpirun, tmp_path=tmp_path,
                   timeout=90, expect_rc=None)
     assert sorted(job.results) == [0, 1, 2, 3], job.output[-3000:]

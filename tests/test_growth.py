@@ -14,15 +14,27 @@ import time
 
 import pytest
 
-from mpijob import job_processes, job_ranks, killed_at_the_end, run_job, spawned_processes
+import known_failures
+from elastic_hvd.runner import relaunch
+from mpijob import job_ranks, killed_at_the_end, run_job, spawned_processes, until
 
 pytestmark = pytest.mark.multirank
 
 STEPS = 120
 
 
-#: What elastic-hvd-run says when Open MPI's runtime lost a host's daemon.
-NODE_LOSS = "node loss: the MPI runtime lost the daemon of host"
+#: The workarounds.TABLE entry of a daemon that aborts after growth across hosts: Open MPI
+#: 5.0.11 damages the heap of the daemons involved (docs/openmpi-quirks.md).  Closest
+#: entry until the table has one of its own (cross_host_daemon_abort).
+DAEMON_ABORT = "merge_death_crash"
+
+
+def record_node_loss(job, hosts=True):
+    """Record the daemon abort (tests/known_failures.py) where a job on simulated ``hosts``
+    whose test touches no daemon ended in a node loss: the launcher's exit status says so
+    (``--max-relaunches 0``), not its words."""
+    if hosts and job.returncode == relaunch.EXIT_NODE_LOST:
+        known_failures.record(job.out_dir, DAEMON_ABORT, launcher_exit_status=job.returncode)
 
 
 def grow(tmp_path, faults, *args, launcher=("--respawn",), timeout=180, env=None, watcher=None,
@@ -38,10 +50,7 @@ def grown(job, hosts=None):
     """``(results, final ids)`` of a growth job that must have trained correctly:
     exit 0, every rank alive at the end holding the same total, no step lost or
     repeated."""
-    if hosts and NODE_LOSS in job.output:
-        # Growth connects ranks on two hosts, which Open MPI 5.0.11's runtime handles
-        # badly: a daemon may abort on the heap it damaged (docs/openmpi-quirks.md).
-        pytest.xfail("Open MPI 5.0.11: a daemon aborted after a cross-host join")
+    record_node_loss(job, hosts)
     assert job.returncode == 0, f"exit status {job.returncode}\n{job.output[-6000:]}"
     results = job.results
     final_ids = results[min(results)]["ids"]
@@ -101,9 +110,7 @@ def test_a_stopped_joiner_is_killed_by_a_rank_on_its_host(tmp_path):
     stopped = []
 
     def watch(out, marker):
-        deadline = time.monotonic() + 60
-        while not list(out.glob("joined-*")) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        until(lambda: list(out.glob("joined-*")), 60, "a respawned process joined")
         [joiner] = spawned_processes(marker)
         assert (out / f"joined-{joiner}").exists()
         time.sleep(random.uniform(0, 0.5))
@@ -137,11 +144,9 @@ def test_a_joiner_stopped_before_it_joins_is_killed_and_another_one_joins(tmp_pa
     stopped = []
 
     def watch(out, marker):
-        deadline = time.monotonic() + 60
-        joiners = []
-        while not joiners and time.monotonic() < deadline:
-            joiners = [p for p in spawned_processes(marker) if (out / f"started-{p}").exists()]
-            time.sleep(0.05)
+        joiners = until(lambda: [p for p in spawned_processes(marker)
+                                 if (out / f"started-{p}").exists()], 60,
+                        "a respawned process started")
         time.sleep(random.uniform(0, 2))
         stopped.append(joiners[0])
         os.kill(joiners[0], signal.SIGSTOP)
@@ -271,16 +276,15 @@ def test_spawn_that_never_completes_is_given_up(tmp_path, signal):
 
 def _term_rank_zero_at(step):
     """A watcher: SIGTERM original rank 0 once it reported ``step``."""
+    def reached(out_dir):
+        try:
+            return int((out_dir / "step0").read_text() or -1) >= step
+        except (OSError, ValueError):  # not written yet, or being written
+            return False
+
     def watch(out_dir, marker):
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
-            try:
-                if int((out_dir / "step0").read_text() or -1) >= step:
-                    os.kill(int((out_dir / "pid0").read_text()), signal.SIGTERM)
-                    return
-            except (OSError, ValueError):
-                pass
-            time.sleep(0.01)
+        until(lambda: reached(out_dir), 90, f"original rank 0 reported step {step}", every=0.01)
+        os.kill(int((out_dir / "pid0").read_text()), signal.SIGTERM)
     return watch
 
 
@@ -301,18 +305,8 @@ def test_rank_that_leaves_while_a_join_pends_does_not_hang(tmp_path):
 def _kill_a_rank_inside_the_spawn(out_dir, marker):
     """A watcher: SIGKILL world rank 1 as soon as a spawned process appears (the
     ranks then wait inside MPI_Comm_spawn for its MPI_Init, ~1 s)."""
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        for pid in job_processes(marker):
-            try:
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    spawned = b"elastic_hvd.runner.join" in f.read().split(b"\0")
-            except OSError:
-                continue
-            if spawned:
-                os.kill(job_ranks(marker)[1], signal.SIGKILL)
-                return
-        time.sleep(0.005)
+    until(lambda: spawned_processes(marker), 60, "a spawned process appeared", every=0.005)
+    os.kill(job_ranks(marker)[1], signal.SIGKILL)
 
 
 def test_rank_killed_inside_the_spawn_is_seen_at_once(tmp_path):

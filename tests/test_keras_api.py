@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from mpijob import ROOT, run_job
+from mpijob import ROOT, run_job, until
 
 pytestmark = pytest.mark.multirank
 
@@ -36,9 +36,7 @@ def kill_one_rank_mid_training(marker, seed):
     def watch(out, _job):
         rng = random.Random(seed)
         committed = os.path.join(marker, "checkpoint", "checkpoint.json")
-        deadline = time.monotonic() + 200
-        while time.monotonic() < deadline and not os.path.exists(committed):
-            time.sleep(0.05)
+        until(lambda: os.path.exists(committed), 200, "epoch 1's checkpoint committed")
         time.sleep(rng.uniform(0.0, 0.5))
         pids = ranks_of(marker)
         victim = rng.choice(pids)

@@ -13,7 +13,7 @@ import pytest
 
 from elastic_hvd.core import config, growth, process, signals
 from elastic_hvd.core.stopped_peers import StoppedPeers, state_of
-from mpijob import job_ranks, killed_at_the_end, run_job
+from mpijob import job_ranks, killed_at_the_end, run_job, until
 from test_core_units import _Members
 
 #: Where the kernel keeps the last pid it gave (root may set it: the next fork gets the one after).
@@ -125,16 +125,14 @@ def test_the_fence_spares_a_process_that_got_the_lost_ranks_pid(tmp_path):
     placed = {}
     with killed_at_the_end([]) as leftovers:
         def watcher(out, marker):
-            deadline = time.monotonic() + 60
-            while len(list(out.glob("progress*"))) < 3 and time.monotonic() < deadline:
-                time.sleep(0.05)
+            until(lambda: len(list(out.glob("progress*"))) >= 3, 60, "all 3 ranks train")
             ranks = job_ranks(marker)
             fencer, placed["pid"] = ranks[0], ranks[2]
             os.kill(fencer, signal.SIGSTOP)
             try:
                 os.kill(placed["pid"], signal.SIGKILL)
-                while Path(f"/proc/{placed['pid']}").exists() and time.monotonic() < deadline:
-                    time.sleep(0.005)  # until its parent, the daemon, reaped it
+                until(lambda: not Path(f"/proc/{placed['pid']}").exists(), 60,
+                      "the killed rank reaped by its parent, the daemon", every=0.005)
                 placed["sleep"] = sleep = _take_pid(placed["pid"])
                 if sleep is not None:
                     leftovers.append(sleep.pid)

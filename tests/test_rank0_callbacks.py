@@ -10,11 +10,10 @@ that nobody replaces says what stopped with it.
 import csv
 import os
 import signal
-import time
 
 import pytest
 
-from mpijob import job_ranks, run_job
+from mpijob import job_ranks, run_job, until
 
 pytestmark = pytest.mark.multirank
 
@@ -28,9 +27,7 @@ def kill_after_epochs(rank, epochs):
     """A watcher: SIGKILL world rank ``rank`` once ``epochs`` epochs have ended
     (training is under way, whatever the machine's load)."""
     def watch(out, marker):
-        deadline = time.monotonic() + 90
-        while not (out / f"epoch-{epochs - 1}").exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
+        until((out / f"epoch-{epochs - 1}").exists, 90, f"{epochs} epochs ended")
         os.kill(job_ranks(marker)[rank], signal.SIGKILL)
     return watch
 

@@ -16,14 +16,13 @@ import os
 import re
 import signal
 import sys
-import time
 
 import pytest
 
 from elastic_hvd.core import announce
 from elastic_hvd.core.membership import MembershipEvent
 from elastic_hvd.runner import launch, reports
-from mpijob import job_ranks, run_job
+from mpijob import job_ranks, run_job, until
 
 
 def test_a_rank_is_named_by_its_number_and_its_id_where_they_differ():
@@ -103,9 +102,7 @@ NAME = re.compile(r"(\d+)(?: \(id (\d+)\))?")
 def kill_when_drawing(world_rank):
     """A watcher: SIGKILL ``world_rank`` once rank 0's progress bar is half-drawn."""
     def watch(out, marker):
-        deadline = time.monotonic() + 150
-        while not (out / "drawing").exists() and time.monotonic() < deadline:
-            time.sleep(0.02)
+        until((out / "drawing").exists, 150, "rank 0's progress bar is half-drawn", every=0.02)
         os.kill(job_ranks(marker)[world_rank], signal.SIGKILL)
     return watch
 

@@ -18,8 +18,8 @@ import time
 import pytest
 
 from mpijob import (assert_resumed_from_the_kept_copy, assert_same_weights_every_step,
-                    job_ranks, killed_at_the_end, run_job, spawned_processes)
-from test_growth import STEPS, grow, grown
+                    job_ranks, killed_at_the_end, run_job, spawned_processes, until)
+from test_growth import DAEMON_ABORT, STEPS, grow, grown
 
 pytestmark = pytest.mark.multirank
 
@@ -29,9 +29,8 @@ def kill_world_ranks(*plan, processes=5):
     rank ``r`` after ``delay`` seconds for each ``(delay, r)`` of ``plan`` (a random
     moment of the step: steps take ~50 ms)."""
     def watch(out, marker):
-        deadline = time.monotonic() + 60
-        while len(list(out.glob("started-*"))) < processes and time.monotonic() < deadline:
-            time.sleep(0.05)
+        until(lambda: len(list(out.glob("started-*"))) >= processes, 60,
+              f"all {processes} processes past init()")
         ranks, started = job_ranks(marker), time.monotonic()
         for delay, rank in plan:
             time.sleep(max(0.0, started + delay + random.uniform(0, 0.05) - time.monotonic()))
@@ -43,11 +42,12 @@ def kill_host(host, delay, processes=6):
     """A watcher: ``delay`` seconds after all ``processes`` are past ``init()``, SIGKILL
     every process of the job on simulated ``host``, spares included."""
     def watch(out, marker):
-        deadline = time.monotonic() + 60
-        while len(list(out.glob("started-*"))) < processes and time.monotonic() < deadline:
-            time.sleep(0.05)
+        until(lambda: len(list(out.glob("started-*"))) >= processes, 60,
+              f"all {processes} processes past init()")
         time.sleep(delay + random.uniform(0, 0.05))
-        for pid in job_ranks(marker, host).values():
+        victims = job_ranks(marker, host)
+        assert victims, f"no process of the job on {host}"
+        for pid in victims.values():
             os.kill(pid, signal.SIGKILL)
     return watch
 
@@ -118,15 +118,10 @@ def signal_the_spawned_spare(out, marker, sig, jitter):
     """Once all 5 processes run: SIGKILL world rank 1 (the spare replaces it and a
     spawned spare refills the pool), then send ``sig`` to that spawned spare while it
     waits (0.5 s + up to ``jitter`` s after it started); returns its pid."""
-    deadline = time.monotonic() + 60
-    while len(list(out.glob("started-*"))) < 5 and time.monotonic() < deadline:
-        time.sleep(0.05)
+    until(lambda: len(list(out.glob("started-*"))) >= 5, 60, "all 5 processes past init()")
     os.kill(job_ranks(marker)[1], signal.SIGKILL)
-    while not spawned_processes(marker) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    spare = spawned_processes(marker)[0]
-    while not (out / f"started-{spare}").exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
+    spare = until(lambda: spawned_processes(marker), 60, "a spare spawned to refill the pool")[0]
+    until((out / f"started-{spare}").exists, 60, f"the spawned spare {spare} started")
     time.sleep(0.5 + random.uniform(0, jitter))  # waiting, at the growth point
     os.kill(spare, sig)
     return spare
@@ -208,9 +203,7 @@ def test_a_spare_that_ends_cleanly_while_waiting_leaves_the_job_running(tmp_path
     sent = []
 
     def watch(out, marker):
-        deadline = time.monotonic() + 60
-        while len(list(out.glob("started-*"))) < 5 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        until(lambda: len(list(out.glob("started-*"))) >= 5, 60, "all 5 processes past init()")
         time.sleep(1.0 + random.uniform(0, 0.05))
         os.kill(job_ranks(marker)[4], signal.SIGTERM)  # world rank 4: the spare
         sent.append(time.monotonic())
@@ -273,12 +266,14 @@ def test_a_spare_killed_with_the_rank_it_would_replace(tmp_path):
 
 @pytest.mark.skipif(os.geteuid() != 0 or not (shutil.which("unshare") and shutil.which("ip")),
                     reason="simulated hosts need root, unshare and ip")
+@pytest.mark.upstream(DAEMON_ABORT)  # an adoption across hosts (docs/openmpi-quirks.md)
 def test_a_spare_on_another_host_replaces_a_rank_of_a_lost_host(tmp_path):
     # hostA: world ranks 0, 1; hostB: 2 and the spare 3; hostC: the spare 4.  Every
     # process on hostB is SIGKILLed from outside: its spare is lost with it, and the
     # spare on hostC takes the lost rank's place: 3 ranks again.
     job, results, ids, history = run(tmp_path, 3, 2, watcher=kill_host("hostB", 2.0, 5),
-                                     hosts="hostA:2,hostB:2,hostC:1")
+                                     hosts="hostA:2,hostB:2,hostC:1",
+                                     launcher=["--max-relaunches", "0"])  # a node loss: 4
     assert job.returncode == 0
     assert ids == [0, 1, 3]
     assert history == [([2], []), ([], [3])]

@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from mpijob import assert_same_weights_every_step, run_job
+from mpijob import assert_same_weights_every_step, run_job, until
 
 pytestmark = pytest.mark.multirank
 
@@ -74,10 +74,8 @@ def kill_at_random(seed):
     def watch(out, _job):
         rng = random.Random(seed)
         victim = rng.randrange(4)
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and not any(
-                p.stat().st_size for p in out.glob("steps*.jsonl")):
-            time.sleep(0.05)
+        until(lambda: any(p.stat().st_size for p in out.glob("steps*.jsonl")), 120,
+              "training runs")
         time.sleep(rng.uniform(0.0, 1.5))
         pid = int((out / f"pid{victim}").read_text())
         os.kill(pid, signal.SIGKILL)

@@ -36,6 +36,7 @@ import re
 import signal
 import time
 
+from elastic_hvd.core import procfs
 from mpijob import job_processes, proc_entries
 
 SIGNALS = {"KILL": signal.SIGKILL, "STOP": signal.SIGSTOP, "TERM": signal.SIGTERM,
@@ -71,16 +72,12 @@ def start_of(pid):
     """The start time of process ``pid`` (clock ticks since boot), None if gone: with
     the pid, what tells a process from a later one that got the same pid."""
     fields = _stat(pid)
-    return int(fields[19]) if fields else None
+    return int(fields[procfs.START]) if fields else None
 
 
 def _stat(pid):
     """The fields of ``/proc/PID/stat`` after the command's name, or None if gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
+    return procfs.stat_fields(f"/proc/{pid}/stat")
 
 
 def spawned(pid):
@@ -92,7 +89,7 @@ def running(pid, start=None):
     """Whether ``pid`` runs (and is the process that started at ``start``, if given)."""
     fields = _stat(pid)
     return (fields is not None and fields[0] not in ("Z", "X")
-            and (start is None or int(fields[19]) == start))
+            and (start is None or int(fields[procfs.START]) == start))
 
 
 class Chaos:

@@ -43,7 +43,7 @@ from stepcheck import StepDigests  # noqa: E402
 
 import elastic_hvd.tensorflow.keras as hvd  # noqa: E402
 from elastic_hvd import core  # noqa: E402
-from elastic_hvd.core import runtime  # noqa: E402
+from elastic_hvd.core import procfs, runtime  # noqa: E402
 
 keras = tf.keras
 #: Per-rank learning rate; the script starts at BASE_LR x size (the linear rule).
@@ -54,8 +54,7 @@ TRIPPED = threading.Event()
 #: This process's start time (clock ticks since boot, ``/proc/self/stat``): with the pid,
 #: what names its files and records.  A pid alone is not a process: pids are reused
 #: once the 32768 of ``pid_max`` wrap, which a 30-minute soak's TF threads make them do.
-with open("/proc/self/stat") as _stat:
-    START = int(_stat.read().rpartition(")")[2].split()[19])
+START = int(procfs.stat_fields("/proc/self/stat")[procfs.START])
 ME = f"{os.getpid()}-{START}"
 
 

@@ -19,7 +19,17 @@ import time
 import report
 from elastic_hvd.core import mpi_env
 
-MPI = mpi_env.load_mpi()
+#: Open MPI 5.0.11 under load: a spawned child's MPI_Init_thread fails ("Server not
+#: available in file dpm.c"), and the parents' MPI_Comm_spawn with it.  Either is
+#: recorded (report.upstream), so that the test may count it as that known failure.
+UPSTREAM = "spawn_given_up"
+try:
+    MPI = mpi_env.load_mpi()
+except Exception as exc:
+    if sys.argv[1:2] == ["child"]:
+        report.upstream(UPSTREAM, sys.argv[2], call="MPI_Init_thread", who="child",
+                        error=repr(exc))
+    raise
 WAIT_S = 15.0
 
 
@@ -31,10 +41,17 @@ def main(who, out):
         merged = inter.Merge(high=True)
     else:
         world = MPI.COMM_WORLD
+        world.Set_errhandler(MPI.ERRORS_RETURN)
         info = MPI.Info.Create()
         info.Set("map_by", ":OVERSUBSCRIBE")
-        inter = world.Spawn(sys.executable, [os.path.abspath(__file__), "child", out], maxprocs=1,
-                            info=info)
+        try:
+            inter = world.Spawn(sys.executable, [os.path.abspath(__file__), "child", out],
+                                maxprocs=1, info=info)
+        except MPI.Exception as exc:
+            report.upstream(UPSTREAM, out, call="MPI_Comm_spawn", who=world.rank,
+                            error_class=exc.Get_error_class(), error=exc.Get_error_string())
+            sys.stdout.flush()
+            os._exit(1)
         inter.Set_errhandler(MPI.ERRORS_RETURN)
         merged = inter.Merge(high=False)
         who = world.rank
