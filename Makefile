@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 # tensorflow-cpu by default; GPU users: make TF_EXTRA=gpu ...
 TF_EXTRA ?= cpu
 
-.PHONY: install lint test test-fast test-under-load test-tf215 demo soak bench bench-core bench-horovod bench-growth bench-hosts bench-mwms bench-tf-versions compat-horovod clean
+.PHONY: install lint test test-fast check test-under-load test-tf215 demo soak bench bench-core bench-horovod bench-growth bench-hosts bench-mwms bench-tf-versions compat-horovod clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,9 +29,16 @@ lint: install
 test: lint
 	ELASTIC_HVD_STRICT=1 $(PY) -m pytest -q tests
 
-# Single-process tests only (seconds).
+# Single-process tests only (< 2 min).
 test-fast: install
 	$(PY) -m pytest -q tests -m "not multirank"
+
+# For a change under way (< 10 min on 2 cores): the linters, the single-process tests, and
+# each subsystem once with real kills (the tests marked `check`: a loss inside a collective
+# and in fit, a plain script's loss, a spare, a node loss, a fence, a respawn, a stop, a
+# checkpoint writer killed, bad input, strict mode).  `make test` runs everything.
+check: lint
+	ELASTIC_HVD_STRICT=1 $(PY) -m pytest -q tests -m "check or not multirank" --durations=20
 
 # Keras 2 / TF 2.15 (the last TF Horovod supports): the TF tests in their own venv.
 # Not part of `make test` (a second TF install costs minutes).

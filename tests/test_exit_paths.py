@@ -24,6 +24,7 @@ def _survivors_evict_promptly(job, lost, survivors):
         assert event["detect_s"] < PROMPT, (event, job.output[-4000:])
 
 
+@pytest.mark.check
 def test_uncaught_exception_is_noticed_like_a_crash(tmp_path):
     # Measured before the fix: 10.0 s (a non-zero exit before MPI_Finalize is no
     # failure to PRRTE; only the heartbeat detector evicted the rank).

@@ -88,6 +88,7 @@ def check_history(results, final_ids):
     return events
 
 
+@pytest.mark.check
 def test_respawn_replaces_a_killed_rank(tmp_path):
     job, results, ids = grow(tmp_path, "rank=2,step=10")
     assert job.returncode == 0

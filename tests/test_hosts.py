@@ -83,6 +83,7 @@ def stop_then_watch(host, only, out_states):
 FAST_DETECTION = ["--heartbeat-period", "0.5", "--heartbeat-timeout", "2"]
 
 
+@pytest.mark.check
 def test_a_frozen_rank_is_fenced_by_a_survivor_on_its_own_host(tmp_path):
     states = {}
     job = run_job("hosts.py", "steps", 150, np=4, hosts="hostA:2,hostB:2", tmp_path=tmp_path,
@@ -174,6 +175,7 @@ def lose_node(host, after_lines):
     return watch
 
 
+@pytest.mark.check
 def test_a_lost_node_is_relaunched_without_it_from_the_state_kept_in_memory(tmp_path):
     # The runtime ends the whole job when hostB's daemon dies; elastic-hvd-run
     # relaunches it on hostA and the spare hostC, from the launcher's copy of the

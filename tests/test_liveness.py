@@ -50,6 +50,7 @@ def test_stopped_rank_is_evicted_with_defaults(tmp_path):
     assert 8.0 < detect < 30.0, detect
 
 
+@pytest.mark.check
 def test_stopped_rank_is_evicted_fast_with_fast_setting(tmp_path):
     detect = _stopped_rank_evicted(tmp_path, FAST)
     assert 1.0 < detect < 4.5, detect

@@ -66,6 +66,7 @@ def shared_history(results, final_ids):
     return events
 
 
+@pytest.mark.check
 def test_a_spare_replaces_a_rank_killed_from_outside(tmp_path):
     job, results, ids, history = run(tmp_path, 4, 1, watcher=kill_world_ranks((2.0, 2)))
     assert job.returncode == 0
@@ -291,6 +292,7 @@ def test_no_loss_releases_the_spares(tmp_path):
 PLAIN_EPOCHS, PLAIN_STEPS = 14, 6  # 48 samples a rank, batches of 8
 
 
+@pytest.mark.check
 def test_a_plain_horovod_script_regains_its_size_with_a_spare(tmp_path):
     # World rank 1 is SIGKILLed from outside, mid-epoch: the spare, waiting in init(),
     # starts the script as rank 1 (its data shard) and joins at an epoch's start in

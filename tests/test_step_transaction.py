@@ -83,7 +83,8 @@ def kill_at_random(seed):
     return watch
 
 
-@pytest.mark.parametrize("case,seed", [("sparse", 1), ("num_groups", 2), ("fusion", 3)])
+@pytest.mark.parametrize("case,seed", [pytest.param("sparse", 1, marks=pytest.mark.check),
+                                       ("num_groups", 2), ("fusion", 3)])
 def test_rank_killed_from_outside_at_a_random_moment(tmp_path, case, seed):
     # fusion: a step's 3 buffers are one call, one agreement at its end
     job = run_job("step_oracle.py", case, 3, np=4,

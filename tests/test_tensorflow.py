@@ -59,6 +59,7 @@ def test_backward_passes_per_step_accumulates_locally(tmp_path, flavour):
     _fit_two_ranks_and_one(tmp_path, _flavour_env(flavour), passes=2)
 
 
+@pytest.mark.check
 def test_after_a_kill_in_fit_survivors_average_over_survivors(tmp_path):
     # x = 2**r on rank r and loss = mean(x @ w): every step moves w by -mean(2**r) over live ranks.
     job = run_job("tf_scenarios.py", "fit_gradient_scale", 12, np=4, faults="rank=2,step=6",
