@@ -45,6 +45,7 @@ def kill_one_rank_mid_training(marker, seed):
     return watch
 
 
+@pytest.mark.check
 def test_readme_example_trains_through_a_rank_killed_from_outside(tmp_path):
     out = str(tmp_path / "example")
     job = run_job(str(EXAMPLE), "--epochs", 4, "--samples", 4096, "--out", out, np=4,
