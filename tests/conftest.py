@@ -23,6 +23,9 @@ from pathlib import Path
 
 import pytest
 
+#: Known upstream failures: the ``upstream`` marker and its count (tests/known_failures.py).
+pytest_plugins = ["known_failures"]
+
 SESSION_DIR = re.compile(r"ompi\.(\d+)")
 DAEMON_SESSION_DIR = re.compile(r"prted\.(\d+)")
 
