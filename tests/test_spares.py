@@ -352,6 +352,7 @@ def test_a_rank_lost_during_the_adoption_then_the_spare_is_adopted(tmp_path):
 
 
 CALLED_OFF = "a hot spare: its adoption was given up while it was inside MPI_Comm_connect"
+RUNTIME_CRASHED = "exit status 7: the MPI runtime crashed: mpirun died of SIGABRT while"
 
 
 @pytest.mark.parametrize("delay", ["0", "0.01"])
@@ -366,14 +367,23 @@ def test_a_rank_lost_inside_the_accept_of_an_adoption_costs_the_spare_not_the_jo
     # endless NBC_Progress error 77 loop), 1 ended in a heap corruption.  Now the ranks
     # drop the spare and call it off; it leaves as a crash, named, and --respawn refills
     # the job: 4 ranks, totals exact, rank 1's later loss repaired like any other.
+    # Open MPI's runtime keeps a wound: rank 3's death left a PMIx_Connect pending in
+    # mpirun, whose completion (when rank 1 dies or exits) damages mpirun's heap, and
+    # glibc aborts it at some later allocation (workarounds.TABLE prrte_connect_release;
+    # 1 run in 10 here mid-run, both cases in CI).  Then the launcher says so and
+    # relaunches the job at its size, which this worker trains again from step 0.
     job, results, ids, history = run(
         tmp_path, 4, 1, faults=f"rank=2,step=10;rank=1,step=40;"
                                f"rank=3,spawn=1,phase=connect,delay={delay}",
         launcher=["--respawn"])
     assert job.returncode == 0
     assert len(ids) == 4, ids
-    assert history[:2] == [([2], []), ([3], [])]
     assert job.output.count(CALLED_OFF) == 1, job.output[-4000:]
+    if RUNTIME_CRASHED in job.output:
+        assert "; relaunching (4 ranks; relaunch 1 of 3)" in job.output, job.output[-4000:]
+        assert history == [], history  # the relaunch met no fault (launch= 0 only)
+    else:
+        assert history[:2] == [([2], []), ([3], [])]
     assert "reported dead by someone else" not in job.output
     assert "NBC_Progress" not in job.output
 

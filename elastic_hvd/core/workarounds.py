@@ -148,6 +148,17 @@ TABLE = (
         "mpirun that gets the same pid (exit 213)",
         "elastic-hvd-run gives mpirun a session directory of its own for each launch",
         "tests/test_session_dirs.py"),
+    Workaround(
+        "prrte_connect_release",
+        "a rank that died inside an MPI_Comm_accept/connect leaves a PMIx_Connect pending in "
+        "prterun; when its last live member leaves (dies or exits) prterun's connect_release "
+        "writes past an array (PMIX_INFO_DESTRUCT(&info[1]) of a 1-element array) and glibc "
+        "aborts mpirun at some later allocation, ending every rank",
+        "elastic-hvd-run relaunches a job whose mpirun crashed while it trained, from the "
+        "state it keeps (exit status 7 when it may not); after the ranks finished: exit 0 "
+        "and a line",
+        "tests/test_spares.py::"
+        "test_a_rank_lost_inside_the_accept_of_an_adoption_costs_the_spare_not_the_job"),
 )
 
 _BY_NAME = {w.name: w for w in TABLE}

@@ -38,6 +38,7 @@ class Ended:
     code: int  #: mpirun's exit status; killed by signal N: 128 + N, as a shell says it
     outcomes: list[dict[str, Any]]  #: what the processes recorded (:mod:`.outcome`)
     tail: bytes  #: the end of mpirun's stderr (:data:`.relay.TAIL` bytes)
+    signal: int | None = None  #: the signal that killed mpirun itself, if one did
 
 
 def run_mpirun(cmd: Sequence[str], status_dir: str | None = None, grace: float | None = None,
@@ -79,15 +80,16 @@ def run_once(args: argparse.Namespace, cmd: Sequence[str], settings: Any) -> End
         reporter = reports.Reporter()
         quiet_tf = not tf_logs_wanted(os.environ, args.env)
         code, tail = run_mpirun(cmd, status_dir, grace, reporter, quiet_tf)
-        if code < 0:  # killed: what it started may run on (one that ends by itself
-            strays = end_strays(status_dir)  # waits for its processes, still exiting)
+        killed_by = -code if code < 0 else None
+        if killed_by:  # what it started may run on (one that ends by itself waits for
+            strays = end_strays(status_dir)  # its processes, still exiting)
             if strays:
-                print(f"elastic-hvd-run: mpirun was killed by signal {-code} while "
+                print(f"elastic-hvd-run: mpirun was killed by signal {killed_by} while "
                       f"{len(strays)} process(es) of the job still ran; killed them: "
                       f"{', '.join(sorted(strays))}", file=sys.stderr, flush=True)
-            code = 128 - code
+            code = 128 + killed_by
         outcomes = read_outcomes(status_dir)
         reporter.news(outcomes)  # what the last look before the end did not see
     if not args.as_horovod and horovod_missing(outcomes):
         print(f"elastic-hvd-run: {HOROVOD_HINT}", file=sys.stderr, flush=True)
-    return Ended(code, outcomes, tail)
+    return Ended(code, outcomes, tail, killed_by)

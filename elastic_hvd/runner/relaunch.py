@@ -12,7 +12,15 @@ then leaves as a crash (``mpi_env.end_broken``) and the others repair -- unless
 there are no others.  When every rank left so, nothing is left to repair in place:
 the launcher starts the job again, on the same hosts and at the same size.
 
-Either way the script resumes from the newest state (:mod:`elastic_hvd.state_replica`,
+**A crashed runtime.** ``mpirun`` (prterun) itself may die of a crash signal (SIGABRT,
+SIGSEGV, ...) on a heap PRRTE 3.0.14 damaged: after a rank died inside a connect with
+a hot spare, its ``connect_release`` writes past an array once the collective ends,
+and glibc aborts prterun at some later allocation (workarounds.TABLE
+``prrte_connect_release``).  The ranks go with it.  While they trained, the launcher
+starts the job again, on the same hosts and at the same size; once they all had
+finished, the job succeeded, and the line says that mpirun crashed after.
+
+In each case the script resumes from the newest state (:mod:`elastic_hvd.state_replica`,
 or its checkpoint).  :func:`run` is the launcher's loop: a launch, and another while
 one of these ended it, at most ``--max-relaunches`` times.
 """
@@ -22,12 +30,14 @@ import copy
 import dataclasses
 import os
 import re
+import signal
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .. import state_replica
+from ..core import workarounds
 from ..growth_policy import discover_hosts, parse_hosts, read_hostfile
 from .command import build_command
 from .job import Ended, run_once
@@ -37,12 +47,17 @@ from .outcome import exit_status, members_done
 EXIT_NODE_LOST = 4
 #: Exit status of a job that Open MPI broke on every rank, when it is not relaunched.
 EXIT_BROKEN = 5
+#: Exit status of a job whose mpirun crashed while it trained, when it is not relaunched.
+EXIT_RUNTIME_CRASHED = 7
+#: The signals by which a process crashes (not those a person or a runtime sends to end it).
+CRASH_SIGNALS = frozenset({signal.SIGABRT, signal.SIGSEGV, signal.SIGBUS, signal.SIGILL,
+                           signal.SIGFPE})
 
 
 @dataclasses.dataclass(frozen=True)
 class Cause:
     """Why a job ended that a relaunch resumes: its runtime lost the daemon of
-    ``lost_host``, or (None) Open MPI broke every rank."""
+    ``lost_host``, or (None) Open MPI broke every rank or mpirun crashed."""
 
     lost_host: str | None = None
 
@@ -86,7 +101,24 @@ def verdict(ended: Ended) -> tuple[int, str | None, Cause | None]:
     if broken is not None:
         return EXIT_BROKEN, (f"exit status {EXIT_BROKEN}: {broken} "
                              f"(mpirun exit status {ended.code})"), Cause()
-    return (*exit_status(ended.code, ended.outcomes), None)
+    crash = _crash_name(ended.signal)
+    if crash is not None:
+        workarounds.used("prrte_connect_release", crash)
+    if crash is not None and not members_done(ended.outcomes):
+        return EXIT_RUNTIME_CRASHED, (
+            f"exit status {EXIT_RUNTIME_CRASHED}: the MPI runtime crashed: mpirun died of "
+            f"{crash} while the ranks trained, and they with it (an Open MPI bug: see "
+            "docs/openmpi-quirks.md)"), Cause()
+    status, why = exit_status(ended.code, ended.outcomes)
+    if crash is not None and status == 0:
+        why = (f"mpirun crashed ({crash}: an Open MPI bug, docs/openmpi-quirks.md) after the "
+               "program had exited 0 on every rank that finished")
+    return status, why, None
+
+
+def _crash_name(signum: int | None) -> str | None:
+    """The name of ``signum`` if it is a crash signal (:data:`CRASH_SIGNALS`), else None."""
+    return signal.Signals(signum).name if signum in CRASH_SIGNALS else None
 
 
 def run(args: argparse.Namespace, cmd: Sequence[str], settings: Any) -> tuple[int, str | None]:
