@@ -14,7 +14,7 @@ import pytest
 from elastic_hvd.core import config, growth, process, signals
 from elastic_hvd.core.stopped_peers import StoppedPeers, state_of
 from mpijob import job_ranks, killed_at_the_end, run_job, until
-from test_core_units import _Members
+from test_units import _Members
 
 #: Where the kernel keeps the last pid it gave (root may set it: the next fork gets the one after).
 LAST_PID = Path("/proc/sys/kernel/ns_last_pid")

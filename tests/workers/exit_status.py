@@ -1,4 +1,4 @@
-"""How a rank's job ends, for the exit-status table (tests/test_exit_status.py).
+"""How a rank's job ends, for the exit-status table (tests/test_exit_paths.py).
 
     python exit_status.py <case> [exit code]
 
