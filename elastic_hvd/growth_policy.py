@@ -16,11 +16,15 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .core import config, process
+from .log import get_logger
 
 if TYPE_CHECKING:
     from .core.comm import ResilientComm
     from .core.membership import MembershipEvent
     from .core.session import Session
+
+_log = get_logger("elastic_hvd.growth_policy")
+
 
 class GrowthPolicy:
     """When to grow, identically on every rank.
@@ -140,9 +144,8 @@ class GrowthPolicy:
             return
         self.next_try = float("inf")
         if comm.rank == 0:
-            print(f"elastic_hvd: {self.failures} tries in a row to start a process for the job "
-                  f"failed; it stops growing and trains on at {comm.size} ranks",
-                  file=sys.stderr, flush=True)
+            _log.warning(f"elastic_hvd: {self.failures} tries in a row to start a process for "
+                         f"the job failed; it stops growing and trains on at {comm.size} ranks")
 
     def wanted(self, comm: "ResilientComm") -> tuple[int, list[str]]:
         """(ranks to add, hosts to put them on) -- the same on every rank."""
@@ -176,8 +179,7 @@ class GrowthPolicy:
                 try:
                     self._latest = self.discover()  # type: ignore[misc]  # step() checked it
                 except Exception as exc:  # a broken script must not stop training
-                    print(f"elastic_hvd: host discovery failed: {exc}", file=sys.stderr,
-                          flush=True)
+                    _log.warning(f"elastic_hvd: host discovery failed: {exc}")
                 time.sleep(self.interval)
 
         self._thread = threading.Thread(target=loop, name="elastic_hvd-discovery", daemon=True)
@@ -248,7 +250,7 @@ def warn_if_cannot_grow(session: "Session", comm: "ResilientComm") -> None:
         if not process.runtime().growth_point and comm.rank == 0 and not comm.joining:
             what = ("--respawn" if policy.respawn else "--spares" if policy.spares
                     else f"--max-np {policy.max_np}")
-            print(CANNOT_GROW_WARNING.format(what=what), file=sys.stderr, flush=True)
+            _log.warning(CANNOT_GROW_WARNING.format(what=what))
 
     session.commits.add(check)
 

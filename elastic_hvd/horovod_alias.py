@@ -27,6 +27,9 @@ import types
 from collections.abc import Callable, Sequence
 from importlib.machinery import ModuleSpec
 from typing import NoReturn
+from .log import get_logger
+
+_log = get_logger(__name__)
 
 ALIASES = {
     "horovod": "elastic_hvd",
@@ -86,5 +89,5 @@ def install(quiet: bool = False) -> str:
         real = ""
     message = f"elastic_hvd: `import horovod` resolves to elastic_hvd{real}"
     if not quiet:
-        print(message, file=sys.stderr, flush=True)
+        _log.info(message)
     return message

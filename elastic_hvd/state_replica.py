@@ -29,7 +29,6 @@ import random
 import secrets
 import shlex
 import socket
-import sys
 import threading
 import time
 from collections.abc import Iterable, Mapping
@@ -37,6 +36,9 @@ from typing import Any
 
 from .core import config, timings
 from .growth_policy import parse_hosts, read_hostfile
+from .log import get_logger
+
+_log = get_logger(__name__)
 
 #: Environment of the ranks: the keeper's ``host:port``, and the job's secret (hex).
 ADDRESS_ENV, SECRET_ENV = config.env("replica"), config.env("job_secret")
@@ -174,8 +176,8 @@ class _Refusals:
             self._tokens -= 1
             unsaid, self._unsaid = self._unsaid, 0
         more = f" ({unsaid} more refused since the last such line)" if unsaid else ""
-        print(f"elastic-hvd-run: refused a connection to the state replica from "
-              f"{peer[0]}:{peer[1]}: {why}{more}", file=sys.stderr, flush=True)
+        _log.warning(f"elastic-hvd-run: refused a connection to the state replica from "
+                     f"{peer[0]}:{peer[1]}: {why}{more}")
 
 
 class Keeper:

@@ -45,7 +45,6 @@ import os
 import pickle
 import re
 import socket
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -60,9 +59,12 @@ from elastic_hvd.tensorflow.training_state import TrainingState
 
 from .ckpt_files import CheckpointFiles
 from .keras_leaks import save_weights
+from elastic_hvd.log import STDOUT, get_logger
 
 if TYPE_CHECKING:
     from elastic_hvd.sharding import ElasticSampler
+
+_log = get_logger(__name__)
 
 #: Exit status of a job that stopped because too few ranks were left.
 EXIT_BELOW_MIN_NP = 3
@@ -91,8 +93,8 @@ def _read_state(path: str, size: int, owned: bool) -> Any:
     except OSError as exc:  # replaced since it was checked (a link, a FIFO), or gone
         raise state_format.StateFileError(path, str(exc).removeprefix(f"{path}: ")) from None
     if not runtime.is_initialized() or runtime.current().rank == 0:
-        print(f"elastic_hvd: unpickling {path} ({UNPICKLE_ENV} is set); the next checkpoint "
-              "is written as data", file=sys.stderr, flush=True)
+        _log.warning(f"elastic_hvd: unpickling {path} ({UNPICKLE_ENV} is set); the next "
+                     "checkpoint is written as data")
     with f:
         return pickle.load(f)
 
@@ -164,8 +166,7 @@ class ElasticCheckpoint(tf.keras.callbacks.Callback):
             try:
                 state_replica.put([state["session"]["step"]], state_format.dumps(state))
             except OSError as exc:  # the launcher is gone or busy: the next step tries again
-                print(f"elastic_hvd: could not send the state to the launcher: {exc}",
-                      file=sys.stderr, flush=True)
+                _log.warning(f"elastic_hvd: could not send the state to the launcher: {exc}")
         self._sending = threading.Thread(target=send, name="elastic_hvd-replica", daemon=True)
         self._sending.start()
 
@@ -199,14 +200,14 @@ class ElasticCheckpoint(tf.keras.callbacks.Callback):
         if comm is None or comm.rank == 0:
             what = f"the checkpoint of epoch {resume_epoch} (save {seq}) failed: {failure}"
             setting = f"{config.env('max_failed_saves')}={limit}"
-            print(f"elastic_hvd: {what}" if final else
+            (_log.error if stop else _log.warning)(f"elastic_hvd: {what}" if final else
                   f"elastic_hvd: stopping: {self.failed_saves} checkpoint saves in a row failed "
                   f"({setting}), the last: {what}. The last committed checkpoint in "
                   f"{self.directory} is kept: make room or fix the directory, then restart the "
                   f"job to resume from it (exit status {EXIT_SAVES_FAILED})." if stop else
                   f"elastic_hvd: {what}; training goes on, the last committed checkpoint in "
                   f"{self.directory} is kept ({self.failed_saves} of {setting} failed saves "
-                  "in a row)", file=sys.stderr, flush=True)
+                  "in a row)")
         if stop:
             runtime.exit_with(EXIT_SAVES_FAILED)
 
@@ -260,16 +261,15 @@ class ElasticCheckpoint(tf.keras.callbacks.Callback):
         try:
             blob = state_replica.get()[1]
         except OSError as exc:
-            print(f"elastic_hvd: the launcher's copy of the state is out of reach: {exc}",
-                  file=sys.stderr, flush=True)
+            _log.warning(f"elastic_hvd: the launcher's copy of the state is out of reach: {exc}")
             return None
         if not blob:
             return None
         try:
             return state_format.loads(blob, "the launcher's copy of the state")
         except state_format.StateFileError as exc:
-            print(f"elastic_hvd: ignoring the launcher's copy of the state ({exc.reason}); "
-                  "restoring from the checkpoints on disk", file=sys.stderr, flush=True)
+            _log.warning(f"elastic_hvd: ignoring the launcher's copy of the state ({exc.reason}); "
+                         "restoring from the checkpoints on disk")
             return None
 
     def _read(self, model: Any, entry: dict[str, Any], epochs: int | None) -> int:
@@ -296,8 +296,8 @@ class ElasticCheckpoint(tf.keras.callbacks.Callback):
                         "checkpoint": source, "lr_before": state.get("lr"),
                         "lr_after": get_lr(model.optimizer)}
         if comm is None or comm.rank == 0:
-            print(f"elastic_hvd: {self._resume_line(epoch, epochs, source, in_directory)}",
-                  flush=True)
+            _log.info(f"elastic_hvd: {self._resume_line(epoch, epochs, source, in_directory)}",
+                      extra=STDOUT)
         return epoch
 
     def _resume_line(self, epoch: int, epochs: int | None, source: str,
@@ -338,9 +338,9 @@ class ElasticCheckpoint(tf.keras.callbacks.Callback):
                 raise
             self.save(self.epoch)
             if runtime.current().rank == 0:
-                print(f"elastic_hvd: stopping: {below_min}. " + (
+                _log.error(f"elastic_hvd: stopping: {below_min}. " + (
                     f"Final checkpoint written to {self.directory}; restart the job to resume "
                     f"at epoch {self.epoch + 1}." if self.last_saved else
                     "The final checkpoint failed (said above): restart the job to resume from "
-                    f"the last committed one in {self.directory}."), file=sys.stderr, flush=True)
+                    f"the last committed one in {self.directory}."))
             runtime.exit_with(EXIT_BELOW_MIN_NP)

@@ -12,7 +12,6 @@ in production, at the first lost rank, not when the script is tried.
 
 import json
 import os
-import sys
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -22,11 +21,14 @@ from elastic_hvd.core import runtime, safe_files
 from elastic_hvd.tensorflow.keras.callbacks import get_lr
 
 from .base import MembershipCallback
+from elastic_hvd.log import get_logger
 
 if TYPE_CHECKING:
     from elastic_hvd.core.membership import MembershipEvent
 
     from .lr import LearningRateRescaler
+
+_log = get_logger(__name__)
 
 
 class MembershipEventLog(MembershipCallback):
@@ -145,6 +147,5 @@ class MembershipEventLog(MembershipCallback):
         except Exception as exc:  # TBNotInstalledError: tensorflow-cpu comes without it
             if type(exc).__name__ != "TBNotInstalledError":
                 raise
-            print(f"elastic_hvd: no TensorBoard scalars ({exc}); `pip install tensorboard`",
-                  file=sys.stderr, flush=True)
+            _log.warning(f"elastic_hvd: no TensorBoard scalars ({exc}); `pip install tensorboard`")
             self.log_dir = None

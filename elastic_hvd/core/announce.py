@@ -16,10 +16,13 @@ from typing import TYPE_CHECKING, Any, TextIO, cast
 
 from . import config, process
 from .membership import MembershipEvent
+from ..log import STDOUT, get_logger
 
 if TYPE_CHECKING:
     from .comm import ResilientComm
     from .session import Session
+
+_log = get_logger(__name__)
 
 #: Said of a loss when no layer re-shares the data / rescales the learning rate.
 UNSHARED_DATA = "the lost {whose} data {shards} not trained {until}"
@@ -138,7 +141,7 @@ class Announcer:
         # A progress bar may be half-drawn (Keras's leaves its line open until the
         # epoch ends, wherever stdout goes): start on a line of our own.
         start = "\n" if mid_line() else ""
-        print(f"{start}[elastic_hvd {time.strftime('%H:%M:%S')}] {line}", flush=True)
+        _log.info(f"{start}[elastic_hvd {time.strftime('%H:%M:%S')}] {line}", extra=STDOUT)
 
 
 class _LineWatch:

@@ -25,12 +25,14 @@ protocol says cannot happen (an agreed error no rank holds; ranks that called
 the same collective but predicted it differently).
 """
 
-import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from .membership import Listeners
+from ..log import get_logger
+
+_log = get_logger(__name__)
 
 #: Exit status of a job that strict mode ended on an anomaly (BSD's EX_SOFTWARE).
 ANOMALY_EXIT_STATUS = 70
@@ -97,11 +99,10 @@ class Anomalies:
         said = ", ".join(f"{k}={v!r}" for k, v in evidence.items())
         verdict = ("strict mode: aborting the job" if self.strict
                    else "repaired, and the call is run again with its signature checked")
-        print(f"elastic_hvd: ANOMALY #{len(self.seen)}: {kind} ({said}); {verdict}",
-              file=sys.stderr, flush=True)
+        _log.warning(f"elastic_hvd: ANOMALY #{len(self.seen)}: {kind} ({said}); {verdict}")
         try:
             self.listeners.notify(entry)
         except Exception as exc:  # a listener must not hide the anomaly itself
-            print(f"elastic_hvd: an anomaly listener failed: {exc!r}", file=sys.stderr, flush=True)
+            _log.error(f"elastic_hvd: an anomaly listener failed: {exc!r}")
         if self.strict:
             self._abort(ANOMALY_EXIT_STATUS)

@@ -54,9 +54,12 @@ from . import announce, config, faults, heartbeat, mpi_env, signals, spares, tim
 from .errors import ElasticHvdError
 from .membership import MembershipEvent
 from .spawn import MergeCall, SpawnCall
+from ..log import get_logger
 
 if TYPE_CHECKING:
     from .comm import ResilientComm
+
+_log = get_logger(__name__)
 
 #: ``ResilientComm.label`` while a join's bookkeeping is exchanged.
 JOIN_LABEL = "ElasticJoin"
@@ -232,6 +235,7 @@ class Invitation:
             except MPI.Exception:
                 if self._stop.is_set():  # join() took the communicator over
                     return
+                # print, not logging: the main thread, maybe stuck, may hold a handler's lock
                 print(_leaving_line(self._reason(MPI)), file=sys.stderr, flush=True)
                 self.given_up = True
                 ctypes.pythonapi.PyThreadState_SetAsyncExc(
@@ -410,7 +414,7 @@ class Growth:
             comm.retire(merged)
         if error is not None and comm.rank == 0:
             why = error.Get_error_string() if isinstance(error, comm.MPI.Exception) else error
-            print(f"elastic_hvd: {what} failed: {why}", file=sys.stderr, flush=True)
+            _log.warning(f"elastic_hvd: {what} failed: {why}")
         return None
 
     def adopt_spare(self, avoid_hosts: Collection[str] = ()) -> bool:
@@ -529,10 +533,9 @@ class Growth:
             if send is not None:
                 self._claims[spare] = (slot, send)
                 lost = announce.who(slot, max(last) if last else slot)
-                print(f"elastic_hvd: a hot spare (world rank {spare}, {host}) takes the place of "
-                      f"the lost {lost}: it starts the script as rank {slot} and joins at the "
-                      "next epoch's start once ready, with the next free id", file=sys.stderr,
-                      flush=True)
+                _log.info(f"elastic_hvd: a hot spare (world rank {spare}, {host}) takes the "
+                          f"place of the lost {lost}: it starts the script as rank {slot} and "
+                          "joins at the next epoch's start once ready, with the next free id")
 
     def release_spares(self) -> None:
         """At the job's end: the spares not adopted may go (world processes tell the
@@ -624,10 +627,9 @@ class Growth:
         if self.replacing is None:  # a claimed one's place was said when it was claimed
             name = (f"world rank {comm.MPI.COMM_WORLD.rank}" if self.in_world else
                     f"process {os.getpid()} (spawned)")
-            print(f"elastic_hvd: {name} is a hot spare, waiting to replace a lost rank: until "
-                  f"it joins it reports rank {comm.rank} of {comm.size} (as if it had joined "
-                  "last) and has no id; it gets the next free id when it joins",
-                  file=sys.stderr, flush=True)
+            _log.info(f"elastic_hvd: {name} is a hot spare, waiting to replace a lost rank: "
+                      f"until it joins it reports rank {comm.rank} of {comm.size} (as if it had "
+                      "joined last) and has no id; it gets the next free id when it joins")
         return self._invitation.wait(lambda why: leave_unjoined(why, who=_SPARE))
 
     def await_claim(self) -> tuple[int, int]:
@@ -657,8 +659,8 @@ class Growth:
             broken = [c for c in (adopted, merged) if c is not None]
             if adoption is None:
                 leave_unjoined(_GIVEN_UP, *broken)
-            print(f"elastic_hvd: {_SPARE} waits again: an adoption broke off "
-                  f"({exc.Get_error_string()})", file=sys.stderr, flush=True)
+            _log.warning(f"elastic_hvd: {_SPARE} waits again: an adoption broke off "
+                         f"({exc.Get_error_string()})")
             for c in broken:
                 comm.revoke(c)
                 comm.retire(c)
@@ -720,6 +722,7 @@ def _end_stuck(main: threading.Thread, grace: float) -> None:
     loudly: where its main thread is, then SIGKILL (see :class:`Invitation`)."""
     frame = sys._current_frames().get(main.ident)  # type: ignore[arg-type]  # started: an int
     stack = "".join(traceback.format_stack(frame)) if frame is not None else "(gone)\n"
+    # print, not logging: the main thread, stuck, may hold a handler's lock
     print(f"elastic_hvd: process {os.getpid()}, given up by the running job, did not exit within "
           f"{grace:.0f}s: its main thread is inside a call that does not return to Python; "
           f"ending it with SIGKILL.  Its main thread:\n{stack}", file=sys.stderr, flush=True)
@@ -741,6 +744,7 @@ def leave_unjoined(why: str, *comms: Any, finalize: bool = True,
     (docs/measurements.md).  ``finalize=False``
     is for a process stuck before its merge, which cannot finalize."""
     _leaving.acquire()  # once: the start-up watchdog's thread or the main thread
+    # print, not logging: on the watchdog's thread the main thread may hold a handler's lock
     print(_leaving_line(why, who), file=sys.stderr, flush=True)
     if finalize:
         for comm in comms:

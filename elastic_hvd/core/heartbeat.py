@@ -60,6 +60,9 @@ from typing import IO, Any
 
 from . import config, mpi_env, process, safe_files, timings, workarounds
 from .errors import ElasticHvdError
+from ..log import get_logger
+
+_log = get_logger(__name__)
 
 
 def progress() -> None:
@@ -315,8 +318,8 @@ class Heartbeat:
             self.native = True
             workarounds.used("native_progress")
         except (OSError, AttributeError) as exc:
-            print(f"elastic_hvd: no GIL-free MPI progress ({exc}); a rank that holds the GIL "
-                  "longer than the heartbeat timeout will be declared dead", file=sys.stderr)
+            _log.warning(f"elastic_hvd: no GIL-free MPI progress ({exc}); a rank that holds the "
+                         "GIL longer than the heartbeat timeout will be declared dead")
             self._progress = _PythonProgress(MPI, interval)
             self.native = False
         workarounds.used("paused_progress")
@@ -364,6 +367,7 @@ class Heartbeat:
                 warned = False
                 continue
             who = self._who()
+            # print, not logging: the main thread, hung, may hold a handler's lock
             if board.others_waited_within(timings.STALL_BOARD_POLLS * poll
                                           + timings.STALL_BOARD_SLACK):
                 print(f"elastic_hvd: {who} made no progress (no collective, no "

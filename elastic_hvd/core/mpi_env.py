@@ -106,6 +106,7 @@ def end_as_crash(why: str) -> None:
     """End this process as a crash would: one line saying ``why``, then SIGKILL, which
     the other ranks detect within milliseconds and repair alike (an ordinary exit
     before ``MPI_Finalize`` would cost them the heartbeat timeout)."""
+    # print, not logging: also called by watchdogs whose main thread may hang holding a lock
     print(f"elastic_hvd: {why}; it leaves the job as a crash", file=sys.stderr, flush=True)
     os.kill(os.getpid(), signal.SIGKILL)
 
@@ -152,6 +153,7 @@ def finalize(limit: float, exit_now: Callable[[], object]) -> None:
     def deadline() -> None:
         if not done.wait(limit):
             workarounds.used("finalize_deadline")
+            # print, not logging: the main thread, stuck, may hold a handler's lock
             print(f"elastic_hvd: MPI_Finalize did not return within {limit:.0f}s "
                   "(an Open MPI race after a rank loss or a join); exiting without it",
                   file=sys.stderr, flush=True)

@@ -8,19 +8,20 @@ of :mod:`.comm`: a repair starts only once the ranks agreed that one is needed.
 
 import contextlib
 import socket
-import sys
 import time
-import traceback
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from . import announce, faults, mpi_env, signals, workarounds
 from .errors import ElasticHvdError, RanksBelowMinimumError
 from .membership import Listeners, MembershipEvent
+from ..log import get_logger
 
 if TYPE_CHECKING:
     from .freshness import Stamps
     from .signature import SignaturePredictor
+
+_log = get_logger(__name__)
 
 
 class RepairMixin:
@@ -144,9 +145,8 @@ class RepairMixin:
         try:
             self.listeners.notify(event)
         except Exception:  # a listener must not break the agreed control flow
-            print(f"elastic_hvd: a membership listener failed on rank {self.rank}:",
-                  file=sys.stderr)
-            traceback.print_exc()
+            _log.error(f"elastic_hvd: a membership listener failed on rank {self.rank}:",
+                       exc_info=True)
         if self.size < self.min_np:
             self._below_min = RanksBelowMinimumError(self.size, self.min_np,
                                                      [i for e in self.events for i in e.lost])

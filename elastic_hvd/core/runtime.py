@@ -19,6 +19,9 @@ from .mpi_env import (end_as_crash, finalize, ft_enabled,
 from .session import Session
 from .spares import SpareInvitation, split_world
 from .stopped_peers import StoppedPeers
+from ..log import get_logger
+
+_log = get_logger(__name__)
 
 NOT_ELASTIC_WARNING = (
     "elastic_hvd: WARNING: this job runs WITHOUT fault tolerance ({why}); the loss of any "
@@ -95,7 +98,7 @@ def init(comm: Any = None, *, min_np: int | None = None,
     if not elastic and base.rank == 0:
         why = ("launched without --with-ft ulfm" if not ft_enabled()
                else "this MPI library has no ULFM support")
-        print(NOT_ELASTIC_WARNING.format(why=why), file=sys.stderr, flush=True)
+        _log.warning(NOT_ELASTIC_WARNING.format(why=why))
     pool: Sequence[tuple[int, str]]  # the spares not adopted yet: (world rank, host)
     pool, in_place = (), False
     if settings.spares and rt.invitation is None:
@@ -176,9 +179,8 @@ def _crash_if_others_go_on() -> None:
     who = (f"process {os.getpid()}, spawned to join the running job," if comm.joining
            else announce.who(comm.rank, comm.original_id))
     if rt.say_when_raising:
-        print(f"elastic_hvd: {who} stops on an uncaught exception and leaves the job as a crash "
-              "would, so that any rank still training goes on without it", file=sys.stderr,
-              flush=True)
+        _log.error(f"elastic_hvd: {who} stops on an uncaught exception and leaves the job as "
+                   "a crash would, so that any rank still training goes on without it")
     workarounds.used("crash_by_sigkill")
     sys.stdout.flush()
     os.kill(os.getpid(), signal.SIGKILL)
@@ -200,9 +202,8 @@ def _at_exit(MPI: Any, heartbeat: Heartbeat) -> None:
         # whose ranks are all gone (its daemon alive) never joins: it would wait for
         # ever.  All work is done and the survivors met above, so leave without it.
         if rt.rank_at_exit == 0:
-            print(f"elastic_hvd: no rank is left on {', '.join(rt.emptied_hosts)}: exiting without "
-                  "MPI_Finalize (its closing fence would wait for that host)",
-                  file=sys.stderr, flush=True)
+            _log.info(f"elastic_hvd: no rank is left on {', '.join(rt.emptied_hosts)}: exiting "
+                      "without MPI_Finalize (its closing fence would wait for that host)")
         _exit_now()
     # Connected to other mpirun jobs (a job that grew, a spawned process): don't wait long.
     connected = rt.comm is not None and (rt.comm.joining
@@ -252,15 +253,15 @@ def _leave_together() -> None:
             comm.release_spares()
         except LeftEarly as exc:
             comm.abandon_join(CHANGED)  # the others go on; they start another
-            print(f"elastic_hvd: {announce.who(comm.rank, comm.original_id)} leaves "
-                  f"the job; the other ranks go on without it ({exc})", file=sys.stderr, flush=True)
+            _log.warning(f"elastic_hvd: {announce.who(comm.rank, comm.original_id)} leaves "
+                         f"the job; the other ranks go on without it ({exc})")
             if rt.on_leaving is not None:
                 rt.on_leaving(True)
             os._exit(rt.exit_status or 0)
         except Exception as exc:  # below min_np (said already), or a failure at the very end
             comm.abandon_join()
             if comm.below_min_np is None:
-                print(f"elastic_hvd: final barrier failed: {exc}", file=sys.stderr)
+                _log.warning(f"elastic_hvd: final barrier failed: {exc}")
             comm.release_spares()
 
 

@@ -11,10 +11,12 @@ process that has both.
 
 import os
 import signal
-import sys
 from typing import NamedTuple
 
 from .procfs import START, stat_fields
+from ..log import get_logger
+
+_log = get_logger(__name__)
 
 
 class Identity(NamedTuple):
@@ -57,9 +59,9 @@ def kill(target: Identity, who: str, signum: int = signal.SIGKILL) -> bool:
         if start is None:
             return False
         if start != target.start:
-            print(f"elastic_hvd: {who}: not signalled: its pid {target.pid} was reused, it "
-                  f"belongs to another process now (started at tick {start}, not "
-                  f"{target.start})", file=sys.stderr, flush=True)
+            _log.warning(f"elastic_hvd: {who}: not signalled: its pid {target.pid} was reused, "
+                         f"it belongs to another process now (started at tick {start}, not "
+                         f"{target.start})")
             return False
         if fd is None:
             os.kill(target.pid, signum)
@@ -69,8 +71,7 @@ def kill(target: Identity, who: str, signum: int = signal.SIGKILL) -> bool:
     except ProcessLookupError:
         return False
     except OSError as exc:
-        print(f"elastic_hvd: {who}: could not signal pid {target.pid}: {exc.strerror}",
-              file=sys.stderr, flush=True)
+        _log.warning(f"elastic_hvd: {who}: could not signal pid {target.pid}: {exc.strerror}")
         return False
     finally:
         if fd is not None:

@@ -66,7 +66,6 @@ nobody can adopt it -- it leaves, and the pool drops it.
 """
 
 import socket
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -78,9 +77,12 @@ from . import config, signals, timings, workarounds
 from .mpi_env import end_as_crash, retire
 from .spawn import MergeCall, connect_all
 from .timings import BROKEN_GRACE, SPARE_POLL
+from ..log import get_logger
 
 if TYPE_CHECKING:
     from .comm import ResilientComm
+
+_log = get_logger(__name__)
 
 #: Tags on a spare's channel (``MPI_COMM_WORLD``, or a spawned spare's merged communicator):
 #: its "ready" (the slot it takes, -1 for none, its pid and start time: see :mod:`.signals`),
@@ -345,9 +347,8 @@ class AdoptCall(MergeCall):
             done = f"killed it (pid {spare.pid})"
         else:
             done = f"it had ended (pid {spare.pid})"
-        print(f"elastic_hvd: a hot spare did not connect within {self.timeout_s:.0f}s when "
-              f"adopted (stopped or stuck): the ranks dropped it; {done}", file=sys.stderr,
-              flush=True)
+        _log.warning(f"elastic_hvd: a hot spare did not connect within {self.timeout_s:.0f}s "
+                     f"when adopted (stopped or stuck): the ranks dropped it; {done}")
 
     def _partner_failed(self) -> bool:
         # The root knows the spare's rank before the accept ends.

@@ -24,12 +24,14 @@ debugger holds (state ``t``: left alone on purpose).
 
 import os
 import socket
-import sys
 import threading
 import time
 
 from . import announce, config, process, signals, workarounds
 from .procfs import START, stat_fields
+from ..log import get_logger
+
+_log = get_logger(__name__)
 
 #: States of a process (``/proc/PID/stat``): stopped by a signal; and every state of
 #: one that cannot look (stopped, held by a debugger, dead).
@@ -92,12 +94,11 @@ class StoppedPeers:
         for what, who, letter in here:
             if letter == STOPPED and now - self._since[who] >= patience * timeout:
                 workarounds.used("stopped_peer_killed")
-                print(f"elastic_hvd: {what} has been "
+                _log.warning(f"elastic_hvd: {what} has been "
                       f"stopped for {now - self._since[who]:.1f}s, longer than "
                       f"{patience:g} x the heartbeat timeout ({timeout:g}s), and Open MPI's "
                       "detector has not evicted it (it watches no spawned process, nor the "
-                      "last one of a world): killing it so that the others can go on",
-                      file=sys.stderr, flush=True)
+                      "last one of a world): killing it so that the others can go on")
                 if signals.kill(who, what):
                     killed.append(who.pid)
                 del self._since[who]

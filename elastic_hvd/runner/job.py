@@ -11,7 +11,6 @@ import dataclasses
 import os
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
 from collections.abc import Sequence
@@ -25,6 +24,9 @@ from .console import tf_logs_wanted
 from .outcome import HOROVOD_HINT, horovod_missing, read_outcomes
 from .relay import relay_stderr
 from .watch import end_strays, end_when_members_done
+from ..log import get_logger
+
+_log = get_logger(__name__)
 
 #: Seconds past the ranks' finalize deadline (``runtime._at_exit``: by then every
 #: finished member has exited) before a lingering mpirun is ended.
@@ -84,12 +86,12 @@ def run_once(args: argparse.Namespace, cmd: Sequence[str], settings: Any) -> End
         if killed_by:  # what it started may run on (one that ends by itself waits for
             strays = end_strays(status_dir)  # its processes, still exiting)
             if strays:
-                print(f"elastic-hvd-run: mpirun was killed by signal {killed_by} while "
-                      f"{len(strays)} process(es) of the job still ran; killed them: "
-                      f"{', '.join(sorted(strays))}", file=sys.stderr, flush=True)
+                _log.warning(f"elastic-hvd-run: mpirun was killed by signal {killed_by} "
+                             f"while {len(strays)} process(es) of the job still ran; killed "
+                             f"them: {', '.join(sorted(strays))}")
             code = 128 + killed_by
         outcomes = read_outcomes(status_dir)
         reporter.news(outcomes)  # what the last look before the end did not see
     if not args.as_horovod and horovod_missing(outcomes):
-        print(f"elastic-hvd-run: {HOROVOD_HINT}", file=sys.stderr, flush=True)
+        _log.warning(f"elastic-hvd-run: {HOROVOD_HINT}")
     return Ended(code, outcomes, tail, killed_by)

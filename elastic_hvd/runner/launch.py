@@ -22,6 +22,9 @@ from .command import (SETTING_FLAGS, SWITCHES, build_command, flag_settings, hos
                       program, program_start)
 from .command import find_mpirun as find_mpirun  # imported from here by tests/mpijob.py
 from .outcome import exit_status as exit_status  # and by tests/test_rank_names.py
+from ..log import get_logger
+
+_log = get_logger("elastic_hvd.runner.launch")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -207,15 +210,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:  # before anything starts, and for --dry-run too; in one line, as argparse's
         args, settings = checked(parser().parse_args(argv))
     except ValueError as exc:
-        print(f"elastic-hvd-run: {exc}", file=sys.stderr)
+        _log.error(f"elastic-hvd-run: {exc}")
         return 2
     cmd = build_command(args)
     if args.dry_run:
-        print(shlex.join(cmd))
+        print(shlex.join(cmd))  # --dry-run's output, not a diagnostic
         return 0
     status, why = relaunch.run(args, cmd, settings)
     if why:
-        print(f"elastic-hvd-run: {why}", file=sys.stderr)
+        _log.warning(f"elastic-hvd-run: {why}")
     return status
 
 

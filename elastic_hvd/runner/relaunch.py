@@ -32,7 +32,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -42,6 +41,9 @@ from ..growth_policy import discover_hosts, parse_hosts, read_hostfile
 from .command import build_command
 from .job import Ended, run_once
 from .outcome import exit_status, members_done
+from ..log import get_logger
+
+_log = get_logger(__name__)
 
 #: Exit status of a job the runtime ended for a lost node, when it is not relaunched.
 EXIT_NODE_LOST = 4
@@ -143,8 +145,8 @@ def run(args: argparse.Namespace, cmd: Sequence[str], settings: Any) -> tuple[in
                     "checkpoint" if keeper.position else "the script's checkpoint, if it has one")
             where = f"on {again.hosts} " if again.hosts else ""
             size = f"{again.np} ranks; " if again.np else ""
-            print(f"elastic-hvd-run: {why}; relaunching {where}({size}relaunch {relaunches} of "
-                  f"{args.max_relaunches}) from {kept}", file=sys.stderr, flush=True)
+            _log.warning(f"elastic-hvd-run: {why}; relaunching {where}({size}relaunch "
+                         f"{relaunches} of {args.max_relaunches}) from {kept}")
             args, cmd = again, build_command(again)
     finally:
         keeper.close()

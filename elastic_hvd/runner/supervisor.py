@@ -38,6 +38,9 @@ import sys
 from typing import Any, NoReturn
 
 from .program import identity, write_record
+from ..log import get_logger
+
+_log = get_logger("elastic_hvd.runner.supervisor")
 
 #: Signals passed on to the child (SIGKILL and SIGSTOP cannot be caught).
 FORWARDED = {signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGTERM, signal.SIGUSR1,
@@ -125,7 +128,7 @@ def main() -> None:
         child = start(argv, mask)
     except OSError as exc:  # as a shell says it: 127 not found, 126 not executable
         code = 127 if isinstance(exc, FileNotFoundError) else 126
-        print(f"elastic-hvd-run: cannot run {argv[0]}: {exc.strerror}", file=sys.stderr)
+        _log.error(f"elastic-hvd-run: cannot run {argv[0]}: {exc.strerror}")
         if where:
             with contextlib.suppress(OSError):
                 write_record(f"{where}-{os.getpid()}.json", {**record, "code": code})

@@ -10,7 +10,6 @@ ends what mpirun left running.
 import os
 import socket
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -19,6 +18,9 @@ from ..core import config, signals
 from ..core.procfs import stat_fields
 from . import reports
 from .outcome import members_done, read_outcomes, strict_abort
+from ..log import get_logger
+
+_log = get_logger(__name__)
 
 #: Seconds between two looks at the status directory.
 LOOK_PERIOD = 0.5
@@ -124,7 +126,7 @@ def end_when_members_done(proc: subprocess.Popen[bytes], status_dir: str, grace:
 def _end_mpirun(proc: subprocess.Popen[bytes], stopped: threading.Event, why: str) -> None:
     """Say ``why`` and end mpirun: SIGTERM, then SIGKILL if it still runs
     :data:`TERM_GRACE` seconds later."""
-    print(f"elastic-hvd-run: {why}", file=sys.stderr, flush=True)
+    _log.warning(f"elastic-hvd-run: {why}")
     proc.terminate()
     if not stopped.wait(TERM_GRACE):
         proc.kill()

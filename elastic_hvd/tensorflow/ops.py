@@ -11,7 +11,6 @@ the survivors after a loss.
 """
 
 import functools
-import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
@@ -24,9 +23,12 @@ from ..core.errors import NO_PROCESS_SETS
 from ..core.ops import Average, Max, Min, Product, ReduceOp, Sum, check_op
 from . import ordering, timeline
 from .errors import for_tensorflow
+from ..log import get_logger
 
 if TYPE_CHECKING:
     from ..core.comm import ResilientComm
+
+_log = get_logger(__name__)
 
 _R = TypeVar("_R")
 
@@ -152,8 +154,7 @@ def numpy_op(name: str, fn: Callable[..., Any], inputs: Sequence[Any], tout: Any
             error = for_tensorflow(exc)
             if not (in_graph and isinstance(error, tf.errors.FailedPreconditionError)):
                 raise error.with_traceback(None) from None
-            print(f"elastic_hvd: {type(error).__name__} in {name}: {error}", file=sys.stderr,
-                  flush=True)
+            _log.warning(f"elastic_hvd: {type(error).__name__} in {name}: {error}")
             return [np.zeros(0, t.as_numpy_dtype) for t in touts] + [np.bool_(True)]
         finally:
             comm.label = outer

@@ -164,6 +164,7 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
         super().on_epoch_end(epoch, logs)
         if epoch == self.end_epoch - 1 and self.verbose > 0 and \
                 runtime.current("LearningRateWarmupCallback").rank == 0:
+            # Keras's verbose output (the user's ``verbose``), as its own callbacks print it
             print(f"\nEpoch {epoch + 1}: finished gradual learning rate warmup to "
                   f"{get_lr(self.model.optimizer):g}.")
 
