@@ -1,9 +1,12 @@
 """Horovod's framework-independent basics (init, rank, size, ...) over the core.
 
 Every value is read from the *live* communicator, so after a rank is lost
-``size()`` is the survivors' count and ``rank()`` may have changed.
+``size()`` is the survivors' count and ``rank()`` may have changed.  What a
+framework layer does in ``init()`` it registers here when imported
+(:func:`when_replacing`): this module imports none.
 """
 
+from collections.abc import Callable
 from typing import Any
 
 from . import growth_policy
@@ -11,6 +14,20 @@ from .core import runtime
 from .core.comm import ResilientComm
 from .core.errors import NO_PROCESS_SETS
 from .core.mpi_env import ft_enabled
+
+
+#: What the framework layers do in a hot spare that takes a lost rank's place (see
+#: :func:`when_replacing`); registered when they are imported, so kept with the module.
+_replacing_hooks: list[Callable[[], None]] = []
+
+
+def when_replacing(hook: Callable[[], None]) -> None:
+    """Call ``hook()`` in ``init()`` when this process is a hot spare given a lost
+    rank's number (e.g. the Keras layer makes the next ``model.fit`` join first);
+    at once if that ``init()`` already ran."""
+    _replacing_hooks.append(hook)
+    if runtime.is_initialized() and runtime.current().replacing is not None:
+        hook()
 
 
 def init(comm: Any = None, process_sets: Any = None,
@@ -21,9 +38,9 @@ def init(comm: Any = None, process_sets: Any = None,
     first = not runtime.is_initialized()
     started = runtime.init(comm, min_np=min_np,
                            has_growth_point=growth_policy.main_has_growth_point)
-    if started.replacing is not None:  # a hot spare that runs the script as a lost rank
-        from .tensorflow.keras import replacement
-        replacement.install()
+    if first and started.replacing is not None:  # a hot spare that runs the script as a lost rank
+        for hook in _replacing_hooks:
+            hook()
     if first:
         growth_policy.warn_if_cannot_grow(runtime.session(), started)
     return started

@@ -7,6 +7,7 @@ is a policy above it, which talks to the communicator through those calls only.
 """
 
 import ast
+import dataclasses
 import socket
 import subprocess
 import sys
@@ -24,6 +25,20 @@ if TYPE_CHECKING:
     from .core.session import Session
 
 _log = get_logger("elastic_hvd.growth_policy")
+
+
+@dataclasses.dataclass
+class Seen:
+    """This layer's state in the process's runtime (``process.runtime().layers``)."""
+
+    #: Whether the program adopts joiners at step boundaries (hvd.fit, ElasticData,
+    #: ``state.commit()``): set by those when they run (see :func:`warn_if_cannot_grow`).
+    growth_point: bool = False
+
+
+def mark_growth_point() -> None:
+    """The program runs a growth point (a policy's step, ``hvd.elastic.run``)."""
+    process.runtime().layers.get(Seen).growth_point = True
 
 
 class GrowthPolicy:
@@ -102,7 +117,7 @@ class GrowthPolicy:
         """Call at every step boundary on every rank: adopts ready joiners (returns
         their event) and spawns new ones when the job is below its target.  In a
         joining process the first call joins (and returns the same event)."""
-        process.runtime().growth_point = True  # see warn_if_cannot_grow
+        mark_growth_point()
         if comm.joining:
             return comm.join()
         pending = comm.join_pending
@@ -247,7 +262,8 @@ def warn_if_cannot_grow(session: "Session", comm: "ResilientComm") -> None:
         session.commits.remove(check)
         if policy.spares and comm.spares_in_place and not (policy.respawn or policy.max_np):
             return  # spares wait in init() and take the lost ranks' numbers
-        if not process.runtime().growth_point and comm.rank == 0 and not comm.joining:
+        if not process.runtime().layers.get(Seen).growth_point and comm.rank == 0 \
+                and not comm.joining:
             what = ("--respawn" if policy.respawn else "--spares" if policy.spares
                     else f"--max-np {policy.max_np}")
             _log.warning(CANNOT_GROW_WARNING.format(what=what))

@@ -22,11 +22,19 @@ if TYPE_CHECKING:
     from elastic_hvd.core.membership import MembershipEvent
 
 
+#: The orders of this package's handlers (the session calls them by number, lowest
+#: first; below the core's ``REPORT`` an error stops the rank, see its module doc):
+#: the data first (what the next step trains on), then the learning rate, then
+#: whoever reports or saves.
+DATA, LEARNING_RATE = _session.REPORT - 20, _session.REPORT - 10
+REPORT, CHECKPOINT = _session.REPORT, _session.REPORT + 10
+
+
 class MembershipCallback(tf.keras.callbacks.Callback):
     """Calls ``handle(event)`` at the first step boundary after each membership change."""
 
     #: When this kind of handler sees an event, relative to the others.
-    ORDER = _session.REPORT
+    ORDER = REPORT
 
     def __init__(self) -> None:
         super().__init__()

@@ -10,7 +10,8 @@ batch changes, so the rate must follow:
 * ``"constant_global_batch"``: keep lr and the global batch: the per-rank batch of the
   given :class:`~elastic_hvd.sharding.ElasticSampler` grows to ``initial global batch / size``.
 
-The cumulative factor is part of the training session (``session.lr_factor``),
+The cumulative factor is the Keras layer's, kept in the training session
+(``elastic_hvd.tensorflow.layer.session_state().lr_factor``),
 where ``hvd.callbacks.LearningRateScheduleCallback`` / ``…WarmupCallback`` apply it
 too, so a schedule that sets the rate every epoch keeps the rescaling.  With
 momentum correction, momentum is scaled by new_lr / old_lr for the next step, as
@@ -20,12 +21,12 @@ the schedule callbacks do (one correction per optimizer, however many ask).
 import math
 from typing import TYPE_CHECKING, Any
 
-from elastic_hvd.core import announce, runtime
-from elastic_hvd.core import session as _session
+from elastic_hvd.core import announce
+from elastic_hvd.tensorflow import layer
 from elastic_hvd.tensorflow.keras.callbacks import (get_lr, momentum_correct, momentum_restore,
                                                     set_lr)
 
-from .base import MembershipCallback
+from .base import LEARNING_RATE, MembershipCallback
 
 if TYPE_CHECKING:
     from elastic_hvd.core.membership import MembershipEvent
@@ -45,7 +46,7 @@ def scale_factor(policy: str, old_size: int, new_size: int) -> float:
 class LearningRateRescaler(MembershipCallback):
     """Rescale the learning rate at each membership change by ``policy`` (see the module doc)."""
 
-    ORDER = _session.LEARNING_RATE
+    ORDER = LEARNING_RATE
 
     def __init__(self, policy: str = "linear", sampler: "ElasticSampler | None" = None,
                  momentum_correction: bool = True) -> None:
@@ -93,7 +94,7 @@ class LearningRateRescaler(MembershipCallback):
         after = before * factor
         if factor != 1.0:
             set_lr(optimizer, after)
-            runtime.session().lr_factor *= factor
+            layer.session_state().lr_factor *= factor
             if self.momentum_correction:
                 momentum_correct(optimizer, before, after)
         if self.policy == "constant_global_batch":

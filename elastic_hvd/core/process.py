@@ -11,7 +11,28 @@ of the package, so that any module may import it.
 import collections
 import dataclasses
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
+
+_Part = TypeVar("_Part")
+
+
+class Layers:
+    """The state of the layers above core (the TF layer, the growth policy...), one
+    object per class, made by ``cls()`` when first asked for: core reads none of it.
+
+    Why here: a layer's state lives as long as what holds it (the process's
+    :class:`Runtime`, or one training session), and goes with it when a test
+    replaces the runtime (:func:`use`)."""
+
+    def __init__(self) -> None:
+        self._parts: dict[type, Any] = {}
+
+    def get(self, cls: type[_Part]) -> _Part:
+        """The ``cls`` object of this holder (made now if there is none yet)."""
+        part = self._parts.get(cls)
+        if part is None:  # setdefault: one object even if two threads ask at once
+            part = self._parts.setdefault(cls, cls())
+        return part  # type: ignore[no-any-return]
 
 
 @dataclasses.dataclass
@@ -30,11 +51,6 @@ class Runtime:
     stopped_peers: Any = None
     #: The fault plan of tests and demos (``faults.configure``), None without one.
     faults: Any = None
-    #: ``hvd.elastic.run``'s growth policy (the TF layer's), made when first asked for.
-    policy: Any = None
-    #: Whether the program adopts joiners at step boundaries (hvd.fit, ElasticData,
-    #: ``state.commit()``): set by those when they run.
-    growth_point: bool = False
     #: A hand-over that the next ``init()`` takes: a spawned process's merged
     #: communicator, or a hot spare's invitation.
     invitation: Any = None
@@ -46,11 +62,8 @@ class Runtime:
         default_factory=lambda: collections.Counter())
     #: Communicators done with but never freed (see ``mpi_env.retire``).
     retired: list[Any] = dataclasses.field(default_factory=list)
-    #: The timeline being recorded (``hvd.start_timeline``), None when none is.
-    timeline: Any = None
-    #: Whether the collectives of TF1 graphs are chained in creation order (see
-    #: ``elastic_hvd.tensorflow.ordering``); False leaves them as TF schedules them.
-    order_graph_collectives: bool = True
+    #: The state of the layers above core, by class (see :class:`Layers`).
+    layers: Layers = dataclasses.field(default_factory=Layers)
     # -- how the process ends (see runtime) ---------------------------------------------
     exit_status: int | None = None
     #: Called with True if this rank leaves while others go on, False after the final

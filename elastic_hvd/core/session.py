@@ -16,9 +16,10 @@ Membership changes are applied in one place too.  The session exists from
 ``init()`` on and the communicator keeps every event, so a handler registered
 late (a callback attached at ``on_train_begin``, after a failure inside the first
 broadcast) still gets every event; handlers are called at step boundaries
-(:meth:`boundary`), event by event, in a fixed order (data, learning rate, log,
-checkpoint...), and each *kind* of handler applies an event once, even if the
-script builds a new callback instance for a second ``fit()``.
+(:meth:`boundary`), event by event, in the order of their numbers (the layers
+that register them declare theirs: data, learning rate, log, checkpoint...), and
+each *kind* of handler applies an event once, even if the script builds a new
+callback instance for a second ``fit()``.
 
 A handler that raises does not end the rank as if it had been lost (the others
 would announce "lost rank N" for a bug in a log writer).  Handlers ordered before
@@ -27,6 +28,9 @@ not apply a change cannot train alike with the others, so its error stops the ra
 as an error naming the handler.  From :data:`REPORT` on (logs, checkpoints, a
 script's own callbacks) the rank says which handler failed, on which change, and
 its traceback, and trains on: losing the job to a report is worse than the report.
+
+The layers above keep their per-session state in :attr:`Session.layers` (the
+learning-rate factor of the Keras layer): it lives from ``init()`` to ``shutdown()``.
 
 What it does not cover: collectives outside a step transaction (metric
 averaging, broadcasts) are each their own transaction, as before.
@@ -37,6 +41,7 @@ import traceback
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from . import process
 from .announce import mid_line
 from .errors import ElasticHvdError
 from .membership import Listeners, MembershipEvent
@@ -44,9 +49,10 @@ from .membership import Listeners, MembershipEvent
 if TYPE_CHECKING:
     from .comm import ResilientComm
 
-#: Orders in which handlers see an event: the data first (what the next step
-#: trains on), then the learning rate, then whoever reports or saves.
-DATA, LEARNING_RATE, REPORT, CHECKPOINT = 10, 20, 30, 40
+#: Handlers see an event in the order of their numbers: below this one, those that
+#: change what every rank trains (the data, the learning rate); from it on, those
+#: that report or save (see the module doc for what an error does in each).
+REPORT = 30
 
 
 class Session:
@@ -55,11 +61,11 @@ class Session:
     def __init__(self, comm: "ResilientComm") -> None:
         self.comm = comm
         self.step = 0             # committed optimizer steps, alike on every rank
-        self.lr_factor = 1.0      # product of the learning-rate rescalings so far
         self.commits = Listeners()  # called with the ids of each committed step
         # kind -> (order, handler)
         self._handlers: dict[str, tuple[int, Callable[[MembershipEvent], Any]]] = {}
         self._applied: dict[str, int] = {}  # kind -> number of events that kind has applied
+        self.layers = process.Layers()  # the layers' state for this session, by class
 
     # -- the step's commit point ---------------------------------------------------
     def commit(self) -> None:
@@ -111,12 +117,11 @@ class Session:
     # -- state ------------------------------------------------------------------------
     def state(self) -> dict[str, Any]:
         """Part of the training state (see ``elastic_hvd.tensorflow.training_state``)."""
-        return {"step": self.step, "lr_factor": self.lr_factor, "applied": dict(self._applied)}
+        return {"step": self.step, "applied": dict(self._applied)}
 
     def load_state(self, state: Mapping[str, Any], membership: bool = True) -> None:
-        """The step always; which events were applied and the learning-rate factor
-        they produced only from the same job (``membership``)."""
+        """The step always; which events were applied only from the same job
+        (``membership``).  Other keys (a layer's) are left to that layer."""
         self.step = state["step"]
         if membership:
-            self.lr_factor = state["lr_factor"]
             self._applied = dict(state["applied"])

@@ -9,6 +9,7 @@ from ..basics import (ccl_built, cross_rank, cross_size, cuda_built, ddl_built, 
                       elastic_enabled, gloo_built, gloo_enabled, init, is_homogeneous,
                       is_initialized, local_rank, local_size, mpi_built, mpi_enabled,
                       mpi_threads_supported, nccl_built, rank, rocm_built, shutdown, size)
+from ..basics import when_replacing as _when_replacing
 from ..horovod_alias import not_provided
 from ..core.errors import (MismatchError, NotInitializedError,  # noqa: F401
                            RanksBelowMinimumError, RemoteCollectiveError)
@@ -33,6 +34,14 @@ from .timeline import start_timeline, stop_timeline  # noqa: F401
 from . import util  # noqa: F401 (Horovod's hvd.util)
 from .util import (_executing_eagerly, handle_average_backwards_compatibility,  # noqa: F401
                    refs_to_vars, vars_to_refs)
+
+def _install_replacement() -> None:
+    """In a hot spare given a lost rank's number: its next ``model.fit`` joins first."""
+    from .keras import replacement
+    replacement.install()
+
+
+_when_replacing(_install_replacement)  # the TF layer's part of init(), see basics
 
 #: Horovod's modules that its ``horovod.tensorflow`` carries as attributes
 #: (``hvd.mpi_ops._basics``, ...) and elastic_hvd does not provide.

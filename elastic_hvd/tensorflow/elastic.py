@@ -20,11 +20,12 @@ import functools
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ..core import process, runtime
-from ..growth_policy import GrowthPolicy
+from ..core import runtime
+from ..growth_policy import GrowthPolicy, mark_growth_point
 from ..basics import init, rank, shutdown  # noqa: F401 (hvd.elastic.*, as Horovod's)
 from .collectives import (HorovodInternalError, broadcast_object,  # noqa: F401
                           broadcast_object_fn, broadcast_variables)
+from . import layer
 from .training_state import TrainingState
 
 if TYPE_CHECKING:
@@ -35,10 +36,10 @@ _R = TypeVar("_R")
 
 def growth_policy() -> GrowthPolicy:
     """This process's growth policy (from elastic-hvd-run's flags)."""
-    rt = process.runtime()
-    if rt.policy is None:
-        rt.policy = GrowthPolicy.from_env()
-    return rt.policy
+    tf_layer = layer.state()
+    if tf_layer.policy is None:
+        tf_layer.policy = GrowthPolicy.from_env()
+    return tf_layer.policy
 
 
 class HostsUpdatedInterrupt(Exception):
@@ -62,7 +63,7 @@ def run_fn(func: Callable[..., _R], reset: Callable[[], Any]) -> Callable[..., _
     @functools.wraps(func)
     def wrapper(state: "State", *args: Any, **kwargs: Any) -> _R:
         comm = runtime.current("hvd.elastic.run")
-        process.runtime().growth_point = True  # state.commit() grows
+        mark_growth_point()  # state.commit() grows
         if comm.joining:
             growth_policy().step(comm)  # a joining process's first step joins
         while True:

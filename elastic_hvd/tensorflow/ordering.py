@@ -49,7 +49,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from ..core import process
+from . import layer
 
 #: Held while a graph's collective runs: unordered ones never share MPI from two threads.
 lock = threading.Lock()
@@ -67,7 +67,7 @@ def needed() -> bool:
     """Whether a collective built now must be chained: in a plain (TF1) graph, not
     in a function graph (whose automatic control dependencies order it already)."""
     graph = tf.compat.v1.get_default_graph()
-    return (process.runtime().order_graph_collectives
+    return (layer.state().order_graph_collectives
             and not getattr(graph, "building_function", False))
 
 

@@ -12,14 +12,15 @@ import threading
 import time
 from typing import Any
 
-from ..core import process, runtime
+from ..core import runtime
+from . import layer
 
 _lock = threading.Lock()
 _epoch = time.perf_counter()
 
 
 class _Recording:
-    """The events recorded so far, for ``path``; kept in the process's runtime."""
+    """The events recorded so far, for ``path``; kept in the TF layer's state (:mod:`.layer`)."""
 
     events: list[dict[str, Any]]
     def __init__(self, path: str) -> None:
@@ -30,11 +31,11 @@ def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
     """Record every collective op from now on, for :func:`stop_timeline` to write to
     ``file_path``; events recorded before are dropped.  ``mark_cycles`` is ignored."""
     with _lock:
-        process.runtime().timeline = _Recording(file_path)
+        layer.state().timeline = _Recording(file_path)
 
 
 def record(name: str, started: float, finished: float) -> None:
-    recording = process.runtime().timeline
+    recording = layer.state().timeline
     if recording is None:
         return
     with _lock:
@@ -46,9 +47,9 @@ def record(name: str, started: float, finished: float) -> None:
 def stop_timeline() -> None:
     """Stop recording and write the events, atomically: rank 0 writes, or every rank
     when the path contains ``{rank}``.  A no-op if no timeline was started."""
-    rt = process.runtime()
+    tf_layer = layer.state()
     with _lock:
-        recording, rt.timeline = rt.timeline, None
+        recording, tf_layer.timeline = tf_layer.timeline, None
     if recording is None:
         return
     events, path = recording.events, recording.path

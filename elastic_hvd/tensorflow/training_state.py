@@ -32,6 +32,7 @@ import tensorflow as tf
 
 from ..core import runtime
 from ..core.errors import ElasticHvdError
+from . import layer
 from .optimizer_state import (build_optimizer, get_lr, load_momentum_state, momentum_state,
                               optimizer_variables, set_lr)
 
@@ -66,7 +67,10 @@ class TrainingState:
         """Everything, as plain values; ``epoch``: the epoch to train (next)."""
         state: dict[str, Any] = {"format": FORMAT, "epoch": epoch}
         if runtime.is_initialized():
-            state["session"] = runtime.session().state()
+            # The learning-rate factor (the Keras layer's) travels in the session's part,
+            # where checkpoints of every version have it.
+            state["session"] = {**runtime.session().state(),
+                                "lr_factor": layer.session_state().lr_factor}
             state["size"] = runtime.current().size
         if self.model is not None:
             state["model"] = [v.numpy() for v in self.model.variables]
@@ -97,6 +101,8 @@ class TrainingState:
                                   f"{sorted(state) if isinstance(state, dict) else type(state)}")
         if "session" in state and runtime.is_initialized():
             runtime.session().load_state(state["session"], membership)
+            if membership:
+                layer.session_state().lr_factor = state["session"]["lr_factor"]
         if self.model is not None:
             _assign(self.model.variables, state["model"], "model")
         if self.variables is not None:

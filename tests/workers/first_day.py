@@ -20,8 +20,8 @@ import tensorflow as tf  # noqa: E402
 
 import report  # noqa: E402
 import elastic_hvd.tensorflow.keras as hvd  # noqa: E402
-from elastic_hvd.core import runtime, session  # noqa: E402
-from keras_callbacks.base import MembershipCallback  # noqa: E402
+from elastic_hvd.core import runtime  # noqa: E402
+from keras_callbacks.base import LEARNING_RATE, MembershipCallback  # noqa: E402
 
 
 class BrokenReport(MembershipCallback):
@@ -31,7 +31,7 @@ class BrokenReport(MembershipCallback):
         super().__init__()
         self.where = where
         if where == "lr":
-            self.ORDER = session.LEARNING_RATE
+            self.ORDER = LEARNING_RATE
 
     def handle(self, event):
         if self.where != "rank0" or self.comm.rank == 0:

@@ -173,6 +173,7 @@ def training_state(phase, directory):
     import keras_callbacks as kc
     from elastic_hvd import state_format
     from elastic_hvd.sharding import ElasticSampler
+    from elastic_hvd.tensorflow import layer
     from elastic_hvd.tensorflow.training_state import TrainingState
 
     comm, session = runtime.current(), runtime.session()
@@ -200,7 +201,7 @@ def training_state(phase, directory):
         committed = digest(model.get_weights())
         model.fit(x, y, batch_size=4, epochs=1, verbose=0)
         # A membership change halves the rate (as LearningRateRescaler does).
-        session.lr_factor *= 0.5
+        layer.session_state().lr_factor *= 0.5
         model.optimizer.learning_rate.assign(lr * 0.5)
         elastic.batch = 99
         elastic.restore()  # back to the commit, keeping the rescaling made since
@@ -229,7 +230,7 @@ def training_state(phase, directory):
                   optimizer=digest(v.numpy() for v in model.optimizer.variables  # not the rate
                                    if "learning_rate" not in v.name),
                   lr=float(model.optimizer.learning_rate.numpy()), step=session.step,
-                  lr_factor=session.lr_factor)
+                  lr_factor=layer.session_state().lr_factor)
     report.write(comm.original_id, **result)
 
 
@@ -237,8 +238,8 @@ def graph_order(mode, reps="50", chain="1"):
     """Independent allgathers, allreduces and broadcasts of different shapes fetched
     together, ``reps`` times, in a TF1 session (``mode`` "tf1") or a tf.function;
     ``chain`` "0" switches off the ordering of TF1 graphs' collectives."""
-    from elastic_hvd.core import process
-    process.runtime().order_graph_collectives = chain == "1"
+    from elastic_hvd.tensorflow import layer
+    layer.state().order_graph_collectives = chain == "1"
     n, r = hvd.size(), hvd.rank()
 
     def build():

@@ -12,7 +12,7 @@ import numpy as np
 import tensorflow as tf
 
 from ...core import ReduceOp, runtime
-from .. import broadcast_variables
+from .. import broadcast_variables, layer
 from . import replacement
 from ..optimizer_state import (get_lr, momentum_correct, momentum_restore,
                                optimizer_variables, set_lr)
@@ -120,7 +120,7 @@ class LearningRateScheduleCallback(tf.keras.callbacks.Callback):
         optimizer = self.model.optimizer
         old_lr = get_lr(optimizer)
         new_lr = (self.initial_lr * self.multiplier(epoch)
-                  * runtime.session("LearningRateScheduleCallback").lr_factor)
+                  * layer.session_state("LearningRateScheduleCallback").lr_factor)
         set_lr(optimizer, new_lr)
         if self.momentum_correction:
             momentum_correct(optimizer, old_lr, new_lr)
