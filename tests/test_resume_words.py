@@ -85,7 +85,7 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 SCRIPT_PAGES = {"benchmarks.md", "fruits360.md"}
 #: Open MPI's flags, which the docs name as such (mpirun, ompi_info).
 OPEN_MPI_FLAGS = {"--with-ft", "--allow-run-as-root", "--oversubscribe", "--without-cuda",
-                  "--mca", "--prtemca", "--bind-to"}
+                  "--mca", "--prtemca", "--bind-to", "--debug-daemons"}
 FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
 
 
