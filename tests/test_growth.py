@@ -24,9 +24,8 @@ STEPS = 120
 
 
 #: The workarounds.TABLE entry of a daemon that aborts after growth across hosts: Open MPI
-#: 5.0.11 damages the heap of the daemons involved (docs/openmpi-quirks.md).  Closest
-#: entry until the table has one of its own (cross_host_daemon_abort).
-DAEMON_ABORT = "merge_death_crash"
+#: 5.0.11 damages the heap of the daemons involved (docs/openmpi-quirks.md).
+DAEMON_ABORT = "cross_host_daemon_abort"
 
 
 def record_node_loss(job, hosts=True):

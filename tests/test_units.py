@@ -937,7 +937,7 @@ def test_every_open_mpi_workaround_is_in_the_table_with_a_reproducer_and_is_coun
                     and isinstance(node.func.value, ast.Name)
                     and node.func.value.id == "workarounds"):
                 called.add(node.args[0].value)
-    table = {w.name for w in workarounds.TABLE}
+    table = {w.name for w in workarounds.TABLE if w.applied}
     assert called == table, "each workaround in the table is counted where it is applied"
     for w in workarounds.TABLE:
         where = w.reproducer.removeprefix("python ")

@@ -29,6 +29,9 @@ class Workaround:
     remedy: str
     reproducer: str  # a command, or tests/<file>.py::<test>
     measured_on: str = MEASURED_ON
+    #: False where no code works around it (only a relaunch, or an expected failure in the
+    #: tests, which name it: tests/known_failures.py), so that no call counts it.
+    applied: bool = True
 
 
 TABLE = (
@@ -149,6 +152,15 @@ TABLE = (
         "elastic-hvd-run gives mpirun a session directory of its own for each launch",
         "tests/test_session_dirs.py"),
     Workaround(
+        "cross_host_daemon_abort",
+        "spawned processes or a hot spare connecting to ranks on another host make the daemons "
+        "involved misread their release message (pmix_server_dyn.c at line 1113) and damage "
+        "their heap: they abort at the job's end, or mid-job (about 1 run in 3), which the "
+        "runtime ends as a node loss",
+        "none in the ranks: elastic-hvd-run relaunches a job ended by a node loss",
+        "tests/test_hosts.py::test_a_lost_hosts_ranks_are_replaced_on_the_host_discovery_offers",
+        applied=False),
+    Workaround(
         "prrte_connect_release",
         "a rank that died inside an MPI_Comm_accept/connect leaves a PMIx_Connect pending in "
         "prterun; when its last live member leaves (dies or exits) prterun's connect_release "
@@ -167,6 +179,8 @@ _BY_NAME = {w.name: w for w in TABLE}
 def used(name: str, detail: str | None = "") -> None:
     """Count one use of the workaround ``name`` in this process, with a debug line."""
     workaround = _BY_NAME[name]
+    if not workaround.applied:
+        raise ValueError(f"{name}: no code works around it (workarounds.TABLE)")
     counts = process.runtime().workarounds
     counts[name] += 1
     if _log.isEnabledFor(logging.DEBUG):
