@@ -82,7 +82,7 @@ class GrowthPolicy:
         self._latest: dict[str, int] | None
         self._latest = None      # rank 0's latest discovery (its thread writes it)
         self._thread: threading.Thread | None = None
-        self._events = 0         # the job's membership events when its last spawn began
+        self._generation = 0     # the job's membership generation when its last spawn began
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> "GrowthPolicy":
@@ -136,7 +136,7 @@ class GrowthPolicy:
         if comm.join_pending or self.steps < self.next_try:
             return None
         count, hosts = self.wanted(comm)
-        self._events = len(comm.events)
+        self._generation = comm.generation
         if count <= 0:
             if self.respawn and comm.spares_left < self.spares and not comm.spares_in_place \
                     and not comm.spawn_spare(self.lost_hosts(comm)[:1]):
@@ -151,7 +151,7 @@ class GrowthPolicy:
     def _failed(self, comm: "ResilientComm") -> None:
         """The last spawn (or its join) did not bring a rank.  Not counted when the job's
         own ranks changed since it began."""
-        if len(comm.events) != self._events:
+        if comm.generation != self._generation:
             return
         self.failures += 1
         if self.failures < self.max_failures:

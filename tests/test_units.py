@@ -281,6 +281,10 @@ class _GrowthComm:
     def size(self):
         return len(self.placed)
 
+    @property
+    def generation(self):
+        return len(self.events)
+
     def hosts(self):
         return list(self.placed)
 

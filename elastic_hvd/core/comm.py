@@ -93,6 +93,9 @@ class ResilientComm(JoiningMixin, RepairMixin, CollectivesMixin):
         self.elastic = elastic
         self.listeners = Listeners()
         self.events = []
+        #: Membership changes so far: grows by one with each event recorded in ``events``
+        #: (the same on every rank), so "the membership changed" is a changed generation.
+        self.generation = 0
         self._predictor = SignaturePredictor()
         self._stamps = Stamps()
         #: Every anomaly this process met (see :mod:`.freshness`); list-like.
@@ -145,6 +148,7 @@ class ResilientComm(JoiningMixin, RepairMixin, CollectivesMixin):
                 old_size=comm.size, new_size=own.size,
                 lost=tuple(sorted(set(range(comm.size)) - set(positions))),
                 detect_s=time.perf_counter() - started, sequence=1, during="init"))
+            self.generation += 1
         self.meet()
 
     # -- membership ---------------------------------------------------------------
@@ -332,9 +336,9 @@ class ResilientComm(JoiningMixin, RepairMixin, CollectivesMixin):
         once per collective (a step of 200 unfused gradients makes 200)."""
         with self._heartbeat or contextlib.nullcontext():  # (see _in_mpi)
             while True:
-                seen = len(self.events)
+                seen = self.generation
                 result = attempt()
-                if len(self.events) == seen:
+                if self.generation == seen:
                     return result
 
     def _agree(self, comm: Any, flag: int, timeout: float | None = None) -> int | None:
@@ -432,7 +436,7 @@ class ResilientComm(JoiningMixin, RepairMixin, CollectivesMixin):
 
     def agree(self, flag: int) -> int:
         """Bitwise AND of ``flag`` (an int >= 0) over the live ranks: a resilient
-        collective, so a rank lost meanwhile is repaired away (``events`` grows) and
+        collective, so a rank lost meanwhile is repaired away (``generation`` grows) and
         the AND is that of the survivors.
 
         Never a bare ``MPI_Comm_agree``: a rank that is leaving (see :meth:`leave`)

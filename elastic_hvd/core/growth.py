@@ -109,9 +109,11 @@ class _Pending:
     merged communicator, on its rank 0 one receive per joiner's ready message, and for
     spawned processes one receive per joiner's hello (:func:`_hello`) on every rank."""
 
-    def __init__(self, merged: Any, count: int, events: int, started: float,
+    def __init__(self, merged: Any, count: int, generation: int, started: float,
                  slot: int | None = None, spare: int | None = None) -> None:
-        self.merged, self.count, self.events, self.started = merged, count, events, started
+        #: ``generation``: the communicator's when the spawn began (a change gives it up).
+        self.merged, self.count, self.generation, self.started = (merged, count, generation,
+                                                                   started)
         self.slot = slot  # the rank number a spare of a plain script takes, else None
         self.spare = spare  # the adopted spare's world rank; None for spawned processes
         self.spawn_s = time.perf_counter() - started
@@ -367,10 +369,10 @@ class Growth:
         """
         if self._pending is not None or count <= 0:
             return False
-        started, events = time.perf_counter(), len(self.comm.events)
+        started, generation = time.perf_counter(), self.comm.generation
         self.spawns += 1
         call = SpawnCall(self.comm, count, hosts, oversubscribe, faults.for_joiner(self.spawns))
-        return self._start_join(call, count, started, events, f"spawning {count} process(es)")
+        return self._start_join(call, count, started, generation, f"spawning {count} process(es)")
 
     def spawn_spare(self, hosts: Sequence[str] = ()) -> bool:
         """Start one process that waits as a hot spare (collective): it refills the
@@ -379,11 +381,11 @@ class Growth:
         number (a plain script's spares wait in ``init()`` for a claim on the world)."""
         if self._pending is not None or self.in_place:
             return False
-        events = len(self.comm.events)
+        generation = self.comm.generation
         self.spawns += 1
         extra = {**faults.for_joiner(self.spawns), config.env("spawned_spare"): "1"}
         call = SpawnCall(self.comm, 1, hosts, None, extra)
-        merged = self._agreed_merge(call, events, "spawning a hot spare")
+        merged = self._agreed_merge(call, generation, "spawning a hot spare")
         if merged is None:
             return False
         key = -self.spawns
@@ -391,23 +393,23 @@ class Growth:
         self.pool.append((key, hosts[0] if hosts else ""))
         return True
 
-    def _start_join(self, call: MergeCall, count: int, started: float, events: int, what: str,
+    def _start_join(self, call: MergeCall, count: int, started: float, generation: int, what: str,
                     slot: int | None = None, spare: int | None = None) -> bool:
         """Wait for ``call`` (a :class:`.spawn.MergeCall`) and agree on its outcome:
         True with the join pending, or False with its communicators revoked."""
-        merged = self._agreed_merge(call, events, what)
+        merged = self._agreed_merge(call, generation, what)
         if merged is None:
             return False
-        self._pending = _Pending(merged, count, events, started, slot, spare)
+        self._pending = _Pending(merged, count, generation, started, slot, spare)
         return True
 
-    def _agreed_merge(self, call: MergeCall, events: int, what: str) -> Any:
+    def _agreed_merge(self, call: MergeCall, generation: int, what: str) -> Any:
         """Wait for ``call`` and agree on its outcome: the merged communicator, or None
         with its communicators revoked (and rank 0 saying why)."""
         comm = self.comm
         merged, error = call.result()
         # Done on every rank, and nobody lost meanwhile (``merged`` would hold the dead)?
-        if comm.agree(1 if merged is not None else 0) == 1 and len(comm.events) == events:
+        if comm.agree(1 if merged is not None else 0) == 1 and comm.generation == generation:
             return merged
         if merged is not None:
             comm.revoke(merged)  # the joiners waiting on it give up
@@ -428,7 +430,7 @@ class Growth:
         if self._pending is not None or not self.pool:
             return False
         comm, MPI = self.comm, self.comm.MPI
-        started, events = time.perf_counter(), len(comm.events)
+        started, generation = time.perf_counter(), comm.generation
         failed: set[int] = set()
         if self.in_world:
             self._take_ready(MPI.COMM_WORLD)
@@ -441,7 +443,7 @@ class Growth:
                 sorted(failed), sorted(self.channels))
         with comm.labelled(JOIN_LABEL):  # a loss meanwhile is an event of its own (not
             everyone = comm.allgather_object(mine)  # folded: no join event would report it)
-        if len(comm.events) != events:
+        if comm.generation != generation:
             return False
         failed = {w for _, _, dead, _ in everyone for w in dead}
         held = {key for _, _, _, keys in everyone for key in keys}
@@ -478,7 +480,7 @@ class Growth:
         # process dead (docs/openmpi-quirks.md), so one whose adoption failed could cost
         # every later try the whole spawn timeout; its channel is revoked, which sends
         # it away.
-        if self._start_join(call, 1, started, events,
+        if self._start_join(call, 1, started, generation,
                             f"adopting the spare ({_spare_name(spare)})", slot, spare):
             return True
         connected = comm.agree(1 if call.connected else 0) == 1
@@ -556,11 +558,11 @@ class Growth:
             return None
         comm, MPI = self.comm, self.comm.MPI
         ready = -1
-        if len(comm.events) == pending.events:
+        if comm.generation == pending.generation:
             local = pending.test(MPI)
             ready = comm.run(("poll_join",), lambda c: _minimum(MPI, c, local))
-        if len(comm.events) != pending.events or ready < 0:
-            self.abandon(CHANGED if len(comm.events) != pending.events else BROKE)
+        if comm.generation != pending.generation or ready < 0:
+            self.abandon(CHANGED if comm.generation != pending.generation else BROKE)
             return None
         if ready == 0:
             return None
@@ -575,11 +577,12 @@ class Growth:
             adopted.Set_errhandler(MPI.ERRORS_RETURN)
         except MPI.Exception:
             pass
-        if comm.agree(1 if adopted is not None else 0) != 1 or len(comm.events) != pending.events:
+        agreed = comm.agree(1 if adopted is not None else 0) == 1
+        if not agreed or comm.generation != pending.generation:
             if adopted is not None:
                 comm.revoke(adopted)
                 comm.retire(adopted)
-            self.abandon(CHANGED if len(comm.events) != pending.events else BROKE)
+            self.abandon(CHANGED if comm.generation != pending.generation else BROKE)
             return None
         self._pending = None
         pending.end_hellos(MPI)
@@ -689,7 +692,7 @@ class Growth:
             old_size=len(old_ids), new_size=comm.size,
             lost=tuple(i for i in old_ids if i not in ids),
             gained=tuple(i for i in ids if i not in old_ids),
-            repair_s=time.perf_counter() - started, sequence=len(comm.events) + 1,
+            repair_s=time.perf_counter() - started, sequence=comm.generation + 1,
             during=JOIN_LABEL, spawn_s=max(spawn_times))
         comm.record(event)
         return event

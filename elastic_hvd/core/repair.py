@@ -35,6 +35,7 @@ class RepairMixin:
         initial_size: int
         min_np: int
         events: list[MembershipEvent]
+        generation: int
         listeners: Listeners
         label: str
         _quiet: bool
@@ -94,14 +95,15 @@ class RepairMixin:
     def book(self) -> dict[str, Any]:
         """The bookkeeping a process that joins takes over (picklable): hosts and
         pids, membership history, sizes, the call history of :mod:`.signature`."""
-        return {"procs": self._procs, "events": self.events, "initial_size": self.initial_size,
+        return {"procs": self._procs, "events": self.events, "generation": self.generation,
+                "initial_size": self.initial_size,
                 "min_np": self.min_np, "predictor": self._predictor.state(),
                 "stamps": self._stamps.state(), "verify": self._verify_next}
 
     def load_book(self, book: Mapping[str, Any]) -> None:
         """Take over the :meth:`book` of the running ranks (in a process that joins)."""
         self._procs.update(book["procs"])
-        self.events = list(book["events"])
+        self.events, self.generation = list(book["events"]), book["generation"]
         self.initial_size, self.min_np = book["initial_size"], book["min_np"]
         self._predictor.load_state(book["predictor"])
         self._stamps.load_state(book["stamps"])
@@ -142,6 +144,7 @@ class RepairMixin:
         """Append a membership event (the same on every rank) and announce it; raise
         :class:`RanksBelowMinimumError` on every rank if too few are left."""
         self.events.append(event)
+        self.generation += 1
         try:
             self.listeners.notify(event)
         except Exception:  # a listener must not break the agreed control flow
@@ -173,7 +176,7 @@ class RepairMixin:
         self.record(MembershipEvent(
             old_size=len(old_ids), new_size=new.size, lost=lost,
             detect_s=detected - (started or detected), repair_s=repaired - detected,
-            sequence=len(self.events) + 1, during=self.label))
+            sequence=self.generation + 1, during=self.label))
 
     def _shrink(self, comm: Any) -> Any:
         """``comm.Shrink()``: the survivors, settled (see :meth:`settle`).  ULFM
