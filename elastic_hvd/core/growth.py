@@ -46,13 +46,15 @@ import threading
 import time
 import traceback
 from collections.abc import Collection, Iterable, Sequence
-from typing import TYPE_CHECKING, Any, NoReturn, cast
+from enum import IntEnum
+from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn, cast
 
 import numpy as np
 
 from . import announce, config, faults, heartbeat, mpi_env, signals, spares, timings
 from .errors import ElasticHvdError
 from .membership import MembershipEvent
+from .spares import Spare, SpareKey
 from .spawn import MergeCall, SpawnCall
 from ..log import get_logger
 
@@ -67,8 +69,17 @@ JOIN_LABEL = "ElasticJoin"
 _READY = 1
 #: Tag of the running ranks' verdict when they give a join up: one byte, the reason.
 _VERDICT = 2
-#: Why the running ranks gave a join up, as its joiners say it (verdict byte -> words).
-ENDED, CHANGED, BROKE = 1, 2, 3
+
+
+class Verdict(IntEnum):
+    """Why the running ranks gave a join up (sent to its joiners as one byte)."""
+    ENDED = 1
+    CHANGED = 2
+    BROKE = 3
+
+
+ENDED, CHANGED, BROKE = Verdict.ENDED, Verdict.CHANGED, Verdict.BROKE  # short names
+#: How the joiners say each verdict.
 _REASONS = {ENDED: "training ended before it was ready",
             CHANGED: "the job's ranks changed while it started (the job starts another "
                      "process for them)",
@@ -104,18 +115,40 @@ def _read_hello(message: np.ndarray) -> tuple[str, signals.Identity]:
             signals.Identity(pid, start))
 
 
+class Readiness(IntEnum):
+    """A pending join's joiners, as one rank knows them (the lowest over the ranks is
+    the agreed one: an int, reduced by ``MPI_MIN``)."""
+    BROKEN = -1  # a joiner died, or the merged communicator was revoked
+    WAITING = 0  # not all of them said they are ready yet
+    READY = 1    # every one said it is ready
+
+
+class _SpareNews(NamedTuple):
+    """What one training rank knows of the pool before an adoption (allgathered)."""
+    world_rank: int  # this rank's rank in MPI_COMM_WORLD, -1 in a spawned rank
+    ready: list[tuple[SpareKey, int]]  # spares that said they are ready, the slot each takes
+    failed: list[SpareKey]  # spares this rank knows to have failed
+    held: list[SpareKey]  # spawned spares this rank holds a channel to
+
+
+class _Claim(NamedTuple):
+    """Rank 0's claim of a vacant slot for a waiting spare (an in-place job)."""
+    slot: int
+    send: Any  # the claim message's send request (it keeps its buffer)
+
+
 class _Pending:
     """A spawn whose joiners have not been adopted yet (running ranks' side): the
     merged communicator, on its rank 0 one receive per joiner's ready message, and for
     spawned processes one receive per joiner's hello (:func:`_hello`) on every rank."""
 
     def __init__(self, merged: Any, count: int, generation: int, started: float,
-                 slot: int | None = None, spare: int | None = None) -> None:
+                 slot: int | None = None, spare: SpareKey | None = None) -> None:
         #: ``generation``: the communicator's when the spawn began (a change gives it up).
         self.merged, self.count, self.generation, self.started = (merged, count, generation,
                                                                    started)
         self.slot = slot  # the rank number a spare of a plain script takes, else None
-        self.spare = spare  # the adopted spare's world rank; None for spawned processes
+        self.spare = spare  # the adopted spare's pool key; None for spawned joiners
         self.spawn_s = time.perf_counter() - started
         joiners = range(merged.size - count, merged.size) if merged.rank == 0 else ()
         self._buffers = [np.empty(1, dtype=np.int8) for _ in joiners]
@@ -128,9 +161,8 @@ class _Pending:
         #: the watch of stopped processes reads it from its own thread.
         self.processes: tuple[tuple[str, signals.Identity], ...] = ()
 
-    def test(self, MPI: Any) -> int:
-        """1 when every joiner said it is ready (as far as this rank knows), 0 not yet,
-        -1 when the join broke (a joiner died, the communicator was revoked); notes the
+    def test(self, MPI: Any) -> Readiness:
+        """Whether every joiner said it is ready, as far as this rank knows; notes the
         joiners whose hello arrived meanwhile."""
         waiting = []
         for request, buffer in self._hellos:
@@ -144,11 +176,11 @@ class _Pending:
                 waiting.append((request, buffer))
         self._hellos = waiting
         try:
-            return 1 if MPI.Request.Testall(self._ready) else 0
+            return Readiness.READY if MPI.Request.Testall(self._ready) else Readiness.WAITING
         except MPI.Exception:
-            return -1
+            return Readiness.BROKEN
 
-    def close(self, comm: "ResilientComm", why: int | None = None) -> None:
+    def close(self, comm: "ResilientComm", why: Verdict | None = None) -> None:
         """Revoke the merged communicator (its joiners give up) and retire it; first
         tell the joiners ``why`` (:data:`ENDED`, ...) when known, so that they can say it.
 
@@ -252,7 +284,7 @@ class Invitation:
         for request, buffer in zip(self._verdict_requests, self._verdicts):
             with contextlib.suppress(MPI.Exception):  # not received: failed by the revoke
                 if request.Test() and int(buffer[0]) in _REASONS:
-                    return _GIVEN_UP_BECAUSE + _REASONS[int(buffer[0])]
+                    return _GIVEN_UP_BECAUSE + _REASONS[Verdict(int(buffer[0]))]
         return _GIVEN_UP
 
     @property
@@ -295,9 +327,9 @@ class Growth:
     ``invitation``: in a process spawned into a running job, its :class:`Invitation`
     (see :mod:`elastic_hvd.runner.join`); in a hot spare, its
     :class:`.spares.SpareInvitation`.  The process is a *joiner* until :meth:`join`.
-    ``pool``: the spares not adopted yet, ``[(key, host)]`` (see :mod:`.spares`), the
-    same on every rank; the key is a spare's world rank, or for a spawned spare the
-    negative number of its spawn.  ``in_place``: the job's spares take a lost rank's
+    ``pool``: the spares of the world, ``[(world rank, host)]`` (see :mod:`.spares`),
+    the same on every rank; :attr:`pool` holds those not adopted yet, spawned ones
+    included, as :class:`.spares.Spare`.  ``in_place``: the job's spares take a lost rank's
     number (its *slot*: the rank a plain script believes it has, see :mod:`.spares`).
     """
 
@@ -309,8 +341,7 @@ class Growth:
         #: Original id -> slot, the same on every rank (a joiner gets it in the book).
         self.slots: dict[int, int]
         self.slots = {} if invitation is not None else {i: i for i in range(comm.initial_size)}
-        self._claims: dict[int, tuple[int, Any]]
-        self._claims = {}  # rank 0 of an in-place job: spare's world rank -> (slot, send)
+        self._claims: dict[SpareKey, _Claim] = {}  # rank 0 of an in-place job
         self._pending: _Pending | None = None
         # Any: an Invitation or a SpareInvitation (duck-typed: accept/connect, await_claim,
         # close), None once joined; only called where the protocol's state rules None out.
@@ -318,14 +349,14 @@ class Growth:
         self.spawns = 0  # spawns this job made (counted alike on every rank; joiners are told)
         self.next_id: int | None
         self.next_id = None if invitation is not None else comm.initial_size  # the next joiner's
-        self.pool = list(pool)
+        self.pool = [Spare(SpareKey.world(w), host) for w, host in pool]
         #: A process of mpirun's own job (a spawned one has a world of its own).
         self.in_world = getattr(invitation, "in_world", not isinstance(invitation, Invitation))
         #: Spawned spares this rank spawned: key -> the communicator merged with it.
-        self.channels: dict[int, Any] = {}
-        self._ready_spares: dict[int, int]
-        self._ready_spares = {}  # spares that told this rank they are ready -> slot (-1: none)
-        self._spare_ids: dict[int, signals.Identity] = {}  # ... -> who they are (see adopt_spare)
+        self.channels: dict[SpareKey, Any] = {}
+        #: Spares that told this rank they are ready -> the slot each takes (-1: none) ...
+        self._ready_spares: dict[SpareKey, int] = {}
+        self._spare_ids: dict[SpareKey, signals.Identity] = {}  # ... -> who (see adopt_spare)
 
     @property
     def joining(self) -> bool:
@@ -388,13 +419,13 @@ class Growth:
         merged = self._agreed_merge(call, generation, "spawning a hot spare")
         if merged is None:
             return False
-        key = -self.spawns
+        key = SpareKey.spawned(self.spawns)
         self.channels[key] = merged
-        self.pool.append((key, hosts[0] if hosts else ""))
+        self.pool.append(Spare(key, hosts[0] if hosts else ""))
         return True
 
     def _start_join(self, call: MergeCall, count: int, started: float, generation: int, what: str,
-                    slot: int | None = None, spare: int | None = None) -> bool:
+                    slot: int | None = None, spare: SpareKey | None = None) -> bool:
         """Wait for ``call`` (a :class:`.spawn.MergeCall`) and agree on its outcome:
         True with the join pending, or False with its communicators revoked."""
         merged = self._agreed_merge(call, generation, what)
@@ -431,44 +462,46 @@ class Growth:
             return False
         comm, MPI = self.comm, self.comm.MPI
         started, generation = time.perf_counter(), comm.generation
-        failed: set[int] = set()
+        failed: set[SpareKey] = set()
         if self.in_world:
             self._take_ready(MPI.COMM_WORLD)
-            failed = spares.failed_ranks(MPI) & {w for w, _ in self.pool if w >= 0}
+            failed = _world_keys(spares.failed_ranks(MPI)) & {s.key for s in self.pool}
         for key, channel in self.channels.items():
             self._take_ready(channel, key)
             if channel.size - 1 in spares.failed_ranks(MPI, channel):
                 failed.add(key)
-        mine = (MPI.COMM_WORLD.rank if self.in_world else -1, sorted(self._ready_spares.items()),
-                sorted(failed), sorted(self.channels))
+        mine = _SpareNews(MPI.COMM_WORLD.rank if self.in_world else -1,
+                          sorted(self._ready_spares.items()), sorted(failed), sorted(self.channels))
         with comm.labelled(JOIN_LABEL):  # a loss meanwhile is an event of its own (not
             everyone = comm.allgather_object(mine)  # folded: no join event would report it)
         if comm.generation != generation:
             return False
-        failed = {w for _, _, dead, _ in everyone for w in dead}
-        held = {key for _, _, _, keys in everyone for key in keys}
-        ready = {w: slot for _, known, _, _ in everyone for w, slot in known}
-        self.pool = [(w, host) for w, host in self.pool
-                     if w not in failed and (w >= 0 or w in held)]
-        for key in set(self.channels) - {w for w, _ in self.pool}:
+        failed = {key for news in everyone for key in news.failed}
+        held = {key for news in everyone for key in news.held}
+        ready = {key: slot for news in everyone for key, slot in news.ready}
+        self.pool = [s for s in self.pool
+                     if s.key not in failed and (s.key.in_world or s.key in held)]
+        for key in set(self.channels) - {s.key for s in self.pool}:
             comm.retire(self.channels.pop(key))  # it failed
-        worlds = [w for w, _, _, _ in everyone]
+        worlds = [news.world_rank for news in everyone]
+        slot: int | None
+        spare: SpareKey | None
         if self.in_place:
             vacant = self.vacant_slots()
-            claimed = sorted((ready[w], w) for w, _ in self.pool if ready.get(w) in vacant)
+            claimed = sorted((ready[s.key], s.key) for s in self.pool if ready.get(s.key) in vacant)
             slot, spare = claimed[0] if claimed else (None, None)
         else:
-            candidates = [(w, host) for w, host in self.pool if ready.get(w) == -1
-                          and (w < 0 or max(worlds) >= 0)]
-            slot, spare = None, next((w for w, host in candidates if host not in avoid_hosts),
-                                     candidates[0][0] if candidates else None)
-        if spare is None or (spare >= 0 and max(worlds) < 0):
+            candidates = [s for s in self.pool if ready.get(s.key) == -1
+                          and (not s.key.in_world or max(worlds) >= 0)]
+            slot, spare = None, next((s.key for s in candidates if s.host not in avoid_hosts),
+                                     candidates[0].key if candidates else None)
+        if spare is None or (spare.in_world and max(worlds) < 0):
             return False
-        if spare >= 0:  # the lowest training rank of the world sends the port
+        if spare.in_world:  # the lowest training rank of the world sends the port
             root, channel, rank = worlds.index(min(w for w in worlds if w >= 0)), \
-                MPI.COMM_WORLD, spare
+                MPI.COMM_WORLD, spare.number
         else:  # a rank that spawned it
-            root = next(i for i, (_, _, _, keys) in enumerate(everyone) if spare in keys)
+            root = next(i for i, news in enumerate(everyone) if spare in news.held)
             channel = self.channels.get(spare)
             rank = channel.size - 1 if channel is not None else -1
         call = spares.AdoptCall(comm, root, rank, channel)
@@ -481,21 +514,21 @@ class Growth:
         # every later try the whole spawn timeout; its channel is revoked, which sends
         # it away.
         if self._start_join(call, 1, started, generation,
-                            f"adopting the spare ({_spare_name(spare)})", slot, spare):
+                            f"adopting the spare ({spare})", slot, spare):
             return True
         connected = comm.agree(1 if call.connected else 0) == 1
         if not connected:
             call.call_off()
             if call.timed_out:  # stopped or stuck: it may never leave by itself
                 call.end_spare(dict(self.pool).get(spare), self._spare_ids.get(spare))
-        if spare < 0 or not connected:
-            self.pool = [(w, host) for w, host in self.pool if w != spare]
-        if spare < 0 and (given_up := self.channels.pop(spare, None)) is not None:
+        if not spare.in_world or not connected:
+            self.pool = [s for s in self.pool if s.key != spare]
+        if not spare.in_world and (given_up := self.channels.pop(spare, None)) is not None:
             comm.revoke(given_up)
             comm.retire(given_up)
         return False
 
-    def _take_ready(self, channel: Any, key: int | None = None) -> None:
+    def _take_ready(self, channel: Any, key: SpareKey | None = None) -> None:
         """Note the spares that said on ``channel`` that they are ready (``key``: the
         pool's key of the spawned spare it leads to; None: the world's, whose key is
         the sender's rank)."""
@@ -503,8 +536,9 @@ class Growth:
         while (message := spares.receive(MPI, channel, spares.READY, 24)) is not None:
             if message[1] is not None:  # a dead one is found failed by the caller
                 slot, pid, start = (int(v) for v in np.frombuffer(message[1], "<i8"))
-                self._ready_spares[message[0] if key is None else key] = slot
-                self._spare_ids[message[0] if key is None else key] = signals.Identity(pid, start)
+                sender = SpareKey.world(message[0]) if key is None else key
+                self._ready_spares[sender] = slot
+                self._spare_ids[sender] = signals.Identity(pid, start)
 
     def claim_spares(self) -> None:
         """Rank 0 of an in-place job, after each commit (local, no collective): give
@@ -519,23 +553,24 @@ class Growth:
         if not vacant:  # the usual case: a few set operations per step
             self._claims.clear()
             return
-        failed = spares.failed_ranks(comm.MPI)
-        pool = {w: host for w, host in self.pool if w not in failed}
-        self._claims = {w: c for w, c in self._claims.items() if w in pool and c[0] in vacant}
-        claimed = {slot for slot, _ in self._claims.values()}
-        free = [(w, host) for w, host in pool.items() if w not in self._claims]
+        failed = _world_keys(spares.failed_ranks(comm.MPI))
+        pool = {key: host for key, host in self.pool if key not in failed}
+        self._claims = {key: c for key, c in self._claims.items()
+                        if key in pool and c.slot in vacant}
+        claimed = {c.slot for c in self._claims.values()}
+        free = [Spare(key, host) for key, host in pool.items() if key not in self._claims]
         for slot in vacant:
             if slot in claimed or not free:
                 continue
             last = [i for i, s in self.slots.items() if s == slot]
             lost_host = comm.host_of(max(last)) if last else None
-            spare, host = next((p for p in free if p[1] != lost_host), free[0])
-            free.remove((spare, host))
-            send = spares.claim(comm.MPI, spare, slot, comm.initial_size)
+            spare, host = next((p for p in free if p.host != lost_host), free[0])
+            free.remove(Spare(spare, host))
+            send = spares.claim(comm.MPI, spare.number, slot, comm.initial_size)
             if send is not None:
-                self._claims[spare] = (slot, send)
+                self._claims[spare] = _Claim(slot, send)
                 lost = announce.who(slot, max(last) if last else slot)
-                _log.info(f"elastic_hvd: a hot spare (world rank {spare}, {host}) takes the "
+                _log.info(f"elastic_hvd: a hot spare ({spare}, {host}) takes the "
                           f"place of the lost {lost}: it starts the script as rank {slot} and "
                           "joins at the next epoch's start once ready, with the next free id")
 
@@ -545,7 +580,8 @@ class Growth:
         if self.joining:
             return
         MPI = self.comm.MPI
-        targets = [(MPI.COMM_WORLD, w) for w, _ in self.pool if w >= 0] if self.in_world else []
+        targets = ([(MPI.COMM_WORLD, s.key.number) for s in self.pool if s.key.in_world]
+                   if self.in_world else [])
         targets += [(channel, channel.size - 1) for channel in self.channels.values()]
         if targets:
             spares.release(MPI, targets)
@@ -557,14 +593,14 @@ class Growth:
         if pending is None:
             return None
         comm, MPI = self.comm, self.comm.MPI
-        ready = -1
+        ready = Readiness.BROKEN
         if comm.generation == pending.generation:
             local = pending.test(MPI)
-            ready = comm.run(("poll_join",), lambda c: _minimum(MPI, c, local))
-        if comm.generation != pending.generation or ready < 0:
+            ready = Readiness(comm.run(("poll_join",), lambda c: _minimum(MPI, c, local)))
+        if comm.generation != pending.generation or ready is Readiness.BROKEN:
             self.abandon(CHANGED if comm.generation != pending.generation else BROKE)
             return None
-        if ready == 0:
+        if ready is Readiness.WAITING:
             return None
         # Commit: a fresh communicator that the joiners also create.  Until it
         # exists a joiner may still be told to go (a revoked merged communicator).
@@ -586,7 +622,7 @@ class Growth:
             return None
         self._pending = None
         pending.end_hellos(MPI)
-        self.pool = [(w, host) for w, host in self.pool if w != pending.spare]
+        self.pool = [s for s in self.pool if s.key != pending.spare]
         if pending.spare in self.channels:
             comm.retire(self.channels.pop(pending.spare))
         old_ids = list(comm.ids)
@@ -609,7 +645,7 @@ class Growth:
         comm.settle(adopted)
         return self._welcome(old_ids, pending.started, pending.spawn_s)
 
-    def abandon(self, why: int | None = None) -> None:
+    def abandon(self, why: Verdict | None = None) -> None:
         """Give up the pending join (local; its joiners exit, saying ``why``: :data:`ENDED`,
         :data:`CHANGED` or :data:`BROKE`).  In a process that has not joined: stop
         watching for the job's verdict (it is about to exit)."""
@@ -707,9 +743,9 @@ def _minimum(MPI: Any, comm: Any, value: int) -> int:
     return int(buffer[0])
 
 
-def _spare_name(key: int) -> str:
-    """How a line names the spare of pool key ``key``."""
-    return f"world rank {key}" if key >= 0 else f"spawned spare {-key}"
+def _world_keys(ranks: Iterable[int]) -> set[SpareKey]:
+    """The pool keys of the world's spares of ``ranks`` (world ranks)."""
+    return {SpareKey.world(r) for r in ranks}
 
 
 _GIVEN_UP_BECAUSE = "the running job gave it up before adopting it: "

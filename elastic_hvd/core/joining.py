@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from .membership import MembershipEvent
 
 if TYPE_CHECKING:
-    from .growth import Growth
+    from .growth import Growth, Verdict
     from .signals import Identity
 
 
@@ -67,7 +67,7 @@ class JoiningMixin:
         with self._in_mpi():
             return self._growth.poll()
 
-    def abandon_join(self, why: int | None = None) -> None:
+    def abandon_join(self, why: "Verdict | None" = None) -> None:
         """Give up the pending join (local; its processes exit without joining, saying
         ``why``: see :meth:`.growth.Growth.abandon`)."""
         self._growth.abandon(why)

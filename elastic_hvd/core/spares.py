@@ -69,7 +69,8 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any, NoReturn
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn
 
 import numpy as np
 
@@ -89,6 +90,31 @@ _log = get_logger(__name__)
 #: the training ranks' "adopt", "release", "claim" (slot, size) and "called off" (an
 #: adoption given up inside the connect).
 READY, ADOPT, RELEASE, CLAIM, CALLED_OFF = 32001, 32002, 32003, 32004, 32005
+@dataclass(frozen=True, order=True)
+class SpareKey:
+    """A spare's name in the pool, the same on every rank: a process of mpirun's job
+    by its world rank, or a spawned spare by the number of the spawn that started it."""
+    in_world: bool
+    number: int
+
+    @classmethod
+    def world(cls, rank: int) -> "SpareKey":
+        return cls(True, rank)
+
+    @classmethod
+    def spawned(cls, spawn: int) -> "SpareKey":
+        return cls(False, spawn)
+
+    def __str__(self) -> str:
+        return f"world rank {self.number}" if self.in_world else f"spawned spare {self.number}"
+
+
+class Spare(NamedTuple):
+    """A spare of the pool, not adopted yet."""
+    key: SpareKey
+    host: str  # where it runs ("" when not known: a spawned one placed by Open MPI)
+
+
 #: Why a spare leaves when its adoption was called off.
 _CALLED_OFF_WHY = ("the training ranks gave its adoption up before its connect completed (one "
                    "of them died inside it, or it did not connect in time), and dropped it")
