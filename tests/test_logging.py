@@ -165,7 +165,7 @@ def test_print_is_left_only_where_logging_would_be_unsafe_or_it_is_output():
     # Watchdogs that end a process whose main thread may hang holding a handler's
     # lock; --dry-run's output; Keras's verbose output; and the four files another
     # change of issue 43 moves (process, session, basics, replacement).
-    allowed = {"elastic_hvd/core/mpi_env.py", "elastic_hvd/core/growth.py",
+    allowed = {"elastic_hvd/core/mpi_env.py", "elastic_hvd/core/invitation.py",
                "elastic_hvd/core/heartbeat.py", "elastic_hvd/runner/launch.py",
                "elastic_hvd/tensorflow/keras/callbacks.py", "elastic_hvd/core/process.py",
                "elastic_hvd/core/session.py", "elastic_hvd/basics.py",

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from elastic_hvd.core import config, growth, process, signals
+from elastic_hvd.core import config, invitation, process, signals
 from elastic_hvd.core.stopped_peers import StoppedPeers, state_of
 from mpijob import job_ranks, killed_at_the_end, run_job, until
 from test_units import _Members
@@ -63,7 +63,7 @@ def test_kill_checks_the_start_time_without_pidfds_too(monkeypatch):
 def test_a_process_tells_its_identity_in_a_joiners_hello():
     me = signals.mine()
     assert me.pid == os.getpid() and me.start == signals.start_of(os.getpid())
-    assert growth._read_hello(growth._hello()) == (socket.gethostname(), me)
+    assert invitation.read_hello(invitation.hello()) == (socket.gethostname(), me)
 
 
 def test_the_stopped_peer_watch_leaves_a_reused_pid_alone():

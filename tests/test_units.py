@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from elastic_hvd.core import collectives, config, faults, growth, process, reducer, signals
+from elastic_hvd.core import collectives, config, faults, invitation, process, reducer, signals
 from elastic_hvd.core.collectives import CollectivesMixin, even_splits
 from elastic_hvd.core.membership import MembershipEvent
 from elastic_hvd.core.ops import ReduceOp, Sum, check_op, mpi_ops
@@ -1067,7 +1067,7 @@ def _stopped(*procs):
 def test_a_member_stopped_on_this_host_is_killed_past_the_patience_by_the_lowest_running():
     # Real processes, really stopped; the communicator is only what the watch reads.
     here = socket.gethostname()
-    assert growth._read_hello(growth._hello()) == (here, signals.mine())  # how a joiner says it
+    assert invitation.read_hello(invitation.hello()) == (here, signals.mine())  # a joiner says it
     a, b, c, d, e = (subprocess.Popen(["sleep", "60"]) for _ in range(5))
     settings = config.from_environ({"ELASTIC_HVD_HEARTBEAT_PERIOD": "0.5",
                                     "ELASTIC_HVD_HEARTBEAT_TIMEOUT": "2"})

@@ -46,8 +46,8 @@ from .signature import SignaturePredictor
 from .timings import LEAVE_TIMEOUT, WAIT_PAUSE_FIRST, WAIT_PAUSE_MAX
 
 if TYPE_CHECKING:
-    from .growth import Invitation
     from .heartbeat import Heartbeat
+    from .invitation import Invitation
     from .spares import SpareInvitation
 
 #: Signature of the last collective of a process that is done (see ``leave``).
@@ -68,7 +68,7 @@ class ResilientComm(JoiningMixin, RepairMixin, CollectivesMixin):
 
     ``ids`` maps each current rank to its *original id* (its rank when the
     communicator was created; processes that join later get the next free ids),
-    which stays stable across repairs.  ``invitation``, the :class:`.growth.Invitation`
+    which stays stable across repairs.  ``invitation``, the :class:`.invitation.Invitation`
     of a process spawned into a running job, makes it start as a *joiner*, whose
     ``original_id`` is None and ``ids`` empty until it has joined.
 

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING
 from .membership import MembershipEvent
 
 if TYPE_CHECKING:
-    from .growth import Growth, Verdict
+    from .growth import Growth
+    from .invitation import Verdict
     from .signals import Identity
 
 
@@ -93,7 +94,7 @@ class JoiningMixin:
     def spares_in_place(self) -> bool:
         """True when this job's spares take a lost rank's number (a plain script's
         spares wait in ``init()``, see :mod:`.spares`)."""
-        return self._growth.in_place
+        return self._growth.pool.in_place
 
     @property
     def replacing(self) -> int | None:
@@ -102,7 +103,7 @@ class JoiningMixin:
 
     def vacant_slots(self) -> list[int]:
         """Rank numbers of the starting ranks that no live rank holds (in-place spares)."""
-        return self._growth.vacant_slots()
+        return self._growth.pool.vacant_slots()
 
     def await_claim(self) -> None:
         """In a spare of an in-place job, in ``init()``: wait (beating, outside MPI's
@@ -118,7 +119,7 @@ class JoiningMixin:
     @property
     def spares_left(self) -> int:
         """Hot spares not adopted yet and not known to have failed (the same on every rank)."""
-        return len(self._growth.pool)
+        return len(self._growth.pool.spares)
 
     def release_spares(self) -> None:
         """At the job's end: let the spares not adopted go."""

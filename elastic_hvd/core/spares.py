@@ -70,18 +70,16 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn
+from typing import Any, NamedTuple, NoReturn
 
 import numpy as np
 
 from . import config, signals, timings, workarounds
+from .comm_api import Communicator
 from .mpi_env import end_as_crash, retire
 from .spawn import MergeCall, connect_all
 from .timings import BROKEN_GRACE, SPARE_POLL
 from ..log import get_logger
-
-if TYPE_CHECKING:
-    from .comm import ResilientComm
 
 _log = get_logger(__name__)
 
@@ -274,7 +272,7 @@ class SpareInvitation:
 
     def close(self) -> None:
         """Done with the channel (joined, or leaving); nothing is watched (the
-        interface of :class:`.growth.Invitation`)."""
+        interface of :class:`.invitation.Invitation`)."""
         if not self.in_world and self._channel is not None:
             retire(self._channel)
             self._channel = None
@@ -326,7 +324,7 @@ class AdoptCall(MergeCall):
     _stuck_connect_breaks = True
     timeout_setting = "adopt_timeout"
 
-    def __init__(self, comm: "ResilientComm", root: int, spare: int, channel: Any) -> None:
+    def __init__(self, comm: Communicator, root: int, spare: int, channel: Any) -> None:
         MPI = comm.MPI
         self._port: str | None
         unreachable: BaseException | None

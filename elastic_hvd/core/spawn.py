@@ -19,16 +19,17 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from . import config, faults, mpi_env, workarounds
+from .comm_api import Communicator
 from .procfs import stat_fields
 from .timings import BROKEN_GRACE, SPAWN_WATCH_PERIOD, SPIN_SAMPLE, SPIN_SHARE
+from ..log import get_logger
 
-if TYPE_CHECKING:
-    from .comm import ResilientComm
+_log = get_logger(__name__)
 
 #: A tag no process sends on a merge's intercommunicator (see MergeCall._partner_failed).
 NEVER_SENT = 32100
@@ -128,7 +129,7 @@ def _spawn_info(MPI: Any, hosts: Sequence[str], oversubscribe: bool | None,
 class MergeCall:
     """Making the communicator merged with new processes (``connect`` gives the
     intercommunicator, then merge + connect), in a thread of its own on a duplicate of
-    the live communicator of ``comm`` (a :class:`ResilientComm`), so that the running
+    the live communicator of ``comm`` (a :class:`.comm.ResilientComm`), so that the running
     ranks can give it up.  Collective.  :class:`SpawnCall` starts the processes;
     :class:`.spares.AdoptCall` connects to one that waits already.
     """
@@ -138,7 +139,7 @@ class MergeCall:
     #: The setting that bounds the call, in seconds (see :meth:`result`).
     timeout_setting = "spawn_timeout"
 
-    def __init__(self, comm: "ResilientComm", connect: Callable[[Any], Any]) -> None:
+    def __init__(self, comm: Communicator, connect: Callable[[Any], Any]) -> None:
         self._owner, self._lock, self._done = comm, threading.Lock(), threading.Event()
         self._made: list[Any]
         self._given_up, self._made = False, []  # communicators to revoke if given up
@@ -339,7 +340,7 @@ class SpawnCall(MergeCall):
     behind, and a later spawn, from a new duplicate, works.
     """
 
-    def __init__(self, comm: "ResilientComm", count: int, hosts: Sequence[str] = (),
+    def __init__(self, comm: Communicator, count: int, hosts: Sequence[str] = (),
                  oversubscribe: bool | None = None,
                  extra_env: Mapping[str, str] | None = None) -> None:
         executable, args = joiner_command()
@@ -357,3 +358,20 @@ class SpawnCall(MergeCall):
 
     def _welcome(self, merged: Any) -> None:
         share_environment(merged)  # the joiners' environment (the join wrapper takes it)
+
+
+def agreed_merge(comm: Communicator, call: MergeCall, generation: int, what: str) -> Any:
+    """Wait for ``call`` and agree on its outcome (collective): the merged communicator,
+    or None with its communicators revoked (and rank 0 saying why).  ``generation``: the
+    communicator's when the call began (a member lost meanwhile fails it)."""
+    merged, error = call.result()
+    # Done on every rank, and nobody lost meanwhile (``merged`` would hold the dead)?
+    if comm.agree(1 if merged is not None else 0) == 1 and comm.generation == generation:
+        return merged
+    if merged is not None:
+        comm.revoke(merged)  # the joiners waiting on it give up
+        comm.retire(merged)
+    if error is not None and comm.rank == 0:
+        why = error.Get_error_string() if isinstance(error, comm.MPI.Exception) else error
+        _log.warning(f"elastic_hvd: {what} failed: {why}")
+    return None

@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from elastic_hvd.core import config, faults, mpi_env, runtime
-from elastic_hvd.core.growth import leave_unjoined
+from elastic_hvd.core.invitation import leave_unjoined
 from elastic_hvd.core.spawn import connect_all, share_environment, spawn_timeout
 
 from .program import run
@@ -37,7 +37,7 @@ def merge_with_parent(MPI: Any) -> Any:
     """The communicator merged with the ranks that spawned this process (None if
     nobody did), every pair of processes connected, their environment taken on
     (see :func:`take_environment`).  A process whose spawners gave the spawn up
-    meanwhile exits (``growth.leave_unjoined``)."""
+    meanwhile exits (``invitation.leave_unjoined``)."""
     intercomm = MPI.Comm.Get_parent()
     if intercomm == MPI.COMM_NULL:
         return None

@@ -20,7 +20,7 @@ communicator there (the launcher relaunches a job that every rank left so).  A p
 killed, crashed, or ended by an uncaught exception (which the runtime turns into
 a crash when other ranks go on, see ``runtime._at_exit``) keeps ``"code": null``:
 it was lost; so does a spawned process that the job gave up before adopting it
-(``growth.JoinAbandoned``): it never was one of the job's ranks.  An atexit
+(``invitation.JoinAbandoned``): it never was one of the job's ranks.  An atexit
 handler could not do this: it does not see ``SystemExit``'s code.
 
 So that the launcher can say how a lost process ended, and report each failure
@@ -185,8 +185,8 @@ def main() -> None:
     try:
         run(sys.argv[1:])
     except SystemExit as exc:
-        growth = sys.modules.get("elastic_hvd.core.growth")
-        if path and not (growth and isinstance(exc, growth.JoinAbandoned)):
+        invitation = sys.modules.get("elastic_hvd.core.invitation")
+        if path and not (invitation and isinstance(exc, invitation.JoinAbandoned)):
             _ended(path, exit_code(exc.code))
         runtime = sys.modules.get("elastic_hvd.core.runtime")  # type: ignore[assignment]
         if runtime is not None:  # it may have to end the process itself (see _at_exit)
