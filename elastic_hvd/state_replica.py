@@ -221,9 +221,9 @@ class Keeper:
                 busy = self._open >= MAX_CONNECTIONS
                 if not busy:
                     self._open += 1
-            if busy:
-                conn.close()
+            if busy:  # said before the peer sees the connection closed
                 self._refusals.note(peer, f"more than {MAX_CONNECTIONS} connections at once")
+                conn.close()
                 continue
             threading.Thread(target=self._handle, args=(conn, peer), daemon=True).start()
 
