@@ -187,7 +187,7 @@ def run_job(worker, *args, np=4, timeout=120, faults=None, launcher=(), env=None
 def run_plain_mpirun(np, env, command, timeout=90):
     """``(exit status, output)`` of ``command`` on ``np`` ranks under plain ``mpirun
     --with-ft ulfm`` (``env``: exported with ``-x``); a hang fails the test."""
-    from elastic_hvd.runner.launch import find_mpirun
+    from elastic_hvd.runner.command import find_mpirun
     cmd = [find_mpirun(), "-np", str(np), "--with-ft", "ulfm", "--allow-run-as-root",
            *(arg for name, value in env.items() for arg in ("-x", f"{name}={value}")),
            *map(str, command)]

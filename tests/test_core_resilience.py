@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from elastic_hvd.runner.launch import find_mpirun
+from elastic_hvd.runner.command import find_mpirun
 from mpijob import WORKERS, kill_tree, run_job
 
 pytestmark = pytest.mark.multirank

@@ -21,7 +21,7 @@ import pytest
 
 from elastic_hvd.core import announce
 from elastic_hvd.core.membership import MembershipEvent
-from elastic_hvd.runner import launch, reports
+from elastic_hvd.runner import outcome, reports
 from mpijob import job_ranks, run_job, until
 
 
@@ -75,7 +75,7 @@ def test_the_launchers_reports_name_ranks_as_the_announcement_does():
         "elastic-hvd-run: rank 1 (id 3) raised the same at the same place as rank 0"]
     finished = [{"process": "h-0", "id": 0, "rank": 0, "code": 0},
                 {"process": "h-3", "id": 3, "rank": 1, "code": 7}]
-    assert launch.exit_status(0, finished)[1] == (
+    assert outcome.exit_status(0, finished)[1] == (
         "exit status 7: the program exited non-zero on 1 of the 2 ranks that finished "
         "(rank 1 (id 3): 7; mpirun exit status 0)")
 

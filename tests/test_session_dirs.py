@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from elastic_hvd.runner.launch import find_mpirun
+from elastic_hvd.runner.command import find_mpirun
 from mpijob import job_processes, kill_tree, proc_entries, run_job, until
 
 pytestmark = pytest.mark.multirank

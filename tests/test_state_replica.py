@@ -287,6 +287,7 @@ def test_the_launcher_of_a_job_on_this_host_listens_on_loopback_only(tmp_path):
 
 
 def test_the_secret_is_not_on_the_launchers_command_line():
-    from elastic_hvd.runner.launch import build_command, parser
+    from elastic_hvd.runner.command import build_command
+    from elastic_hvd.runner.launch import parser
     cmd = build_command(parser().parse_args(["-np", "2", "python", "train.py"]), mpirun="mpirun")
     assert not any(state_replica.SECRET_ENV in part and "=" in part for part in cmd)

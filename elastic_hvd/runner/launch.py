@@ -20,8 +20,6 @@ from ..core import config
 from . import relaunch
 from .command import (SETTING_FLAGS, SWITCHES, build_command, flag_settings, host_slots,
                       program, program_start)
-from .command import find_mpirun as find_mpirun  # imported from here by tests/mpijob.py
-from .outcome import exit_status as exit_status  # and by tests/test_rank_names.py
 from ..log import get_logger
 
 _log = get_logger("elastic_hvd.runner.launch")
