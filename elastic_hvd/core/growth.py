@@ -61,7 +61,6 @@ _log = get_logger(__name__)
 
 #: ``ResilientComm.label`` while a join's bookkeeping is exchanged.
 JOIN_LABEL = "ElasticJoin"
-ENDED, CHANGED, BROKE = Verdict.ENDED, Verdict.CHANGED, Verdict.BROKE  # short names
 
 
 class Readiness(IntEnum):
@@ -117,7 +116,8 @@ class _Pending:
 
     def close(self, comm: Communicator, why: Verdict | None = None) -> None:
         """Revoke the merged communicator (its joiners give up) and retire it; first
-        tell the joiners ``why`` (:data:`ENDED`, ...) when known, so that they can say it.
+        tell the joiners ``why`` (a :class:`.invitation.Verdict`) when known, so that
+        they can say it.
 
         The verdict is sent before the revoke from the same rank, and a message and a
         revoke from one rank arrive in order, so a joiner's receive from this rank
@@ -300,7 +300,8 @@ class Growth:
             local = pending.test(MPI)
             ready = Readiness(comm.run(("poll_join",), lambda c: _minimum(MPI, c, local)))
         if comm.generation != pending.generation or ready is Readiness.BROKEN:
-            self.abandon(CHANGED if comm.generation != pending.generation else BROKE)
+            self.abandon(Verdict.CHANGED if comm.generation != pending.generation
+                         else Verdict.BROKE)
             return None
         if ready is Readiness.WAITING:
             return None
@@ -320,7 +321,8 @@ class Growth:
             if adopted is not None:
                 comm.revoke(adopted)
                 comm.retire(adopted)
-            self.abandon(CHANGED if comm.generation != pending.generation else BROKE)
+            self.abandon(Verdict.CHANGED if comm.generation != pending.generation
+                         else Verdict.BROKE)
             return None
         self._pending = None
         pending.end_hellos(MPI)
@@ -347,9 +349,9 @@ class Growth:
         return self._welcome(old_ids, pending.started, pending.spawn_s)
 
     def abandon(self, why: Verdict | None = None) -> None:
-        """Give up the pending join (local; its joiners exit, saying ``why``: :data:`ENDED`,
-        :data:`CHANGED` or :data:`BROKE`).  In a process that has not joined: stop
-        watching for the job's verdict (it is about to exit)."""
+        """Give up the pending join (local; its joiners exit, saying ``why``, a
+        :class:`.invitation.Verdict`).  In a process that has not joined: stop watching
+        for the job's verdict (it is about to exit)."""
         pending, self._pending = self._pending, None
         if pending is not None:
             pending.close(self.comm, why)

@@ -12,7 +12,7 @@ from . import announce, config, faults, process, workarounds
 from .comm import LeftEarly, ResilientComm
 from .errors import ElasticHvdError, NotInitializedError
 from .freshness import ANOMALY_EXIT_STATUS
-from .growth import CHANGED, ENDED, Invitation
+from .invitation import Invitation, Verdict
 from .heartbeat import Heartbeat
 from .mpi_env import (end_as_crash, finalize, ft_enabled,
                       load_mpi, retire, ulfm_compiled)
@@ -34,7 +34,7 @@ _ExceptHook = Callable[[type[BaseException], BaseException, TracebackType | None
 
 def set_parent(MPI: Any, merged: Any) -> None:
     """Hand a spawned process's communicator merged with the running job to core
-    (watched from now on, see :class:`.growth.Invitation`): the next :func:`init`
+    (watched from now on, see :class:`.invitation.Invitation`): the next :func:`init`
     starts this process as a joiner with it -- or as a hot spare whose channel it
     is, when the job spawned it to refill its pool (see :mod:`.spares`).
 
@@ -248,11 +248,11 @@ def _leave_together() -> None:
             if rt.on_leaving is not None:
                 rt.on_leaving(False)
             # Everyone leaves: a process still starting to join is told training ended.
-            comm.abandon_join(ENDED)
+            comm.abandon_join(Verdict.ENDED)
             rt.emptied_hosts, rt.rank_at_exit = comm.emptied_hosts(), comm.rank
             comm.release_spares()
         except LeftEarly as exc:
-            comm.abandon_join(CHANGED)  # the others go on; they start another
+            comm.abandon_join(Verdict.CHANGED)  # the others go on; they start another
             _log.warning(f"elastic_hvd: {announce.who(comm.rank, comm.original_id)} leaves "
                          f"the job; the other ranks go on without it ({exc})")
             if rt.on_leaving is not None:

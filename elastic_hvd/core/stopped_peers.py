@@ -13,7 +13,7 @@ detector, where it watches, acts first) -- saying so in one line.  The others se
 crash within milliseconds and repair.
 
 A process spawned to join the job counts too from its merge on, before it is a
-member: it says its pid to every rank then (``growth._hello``); stopped while it starts
+member: it says its pid to every rank then (``invitation.hello``); stopped while it starts
 up, it would never be ready, and the job would stay below its size for good.  Killed,
 its join breaks, and the job spawns another.
 
