@@ -78,7 +78,9 @@ def scan_when_spawned(seen):
         seen["secret"] = next(e.split(b"=", 1)[1] for pid in pids
                               for e in proc_entries(pid, "environ")
                               if e.startswith(SECRET_ENV.encode() + b"="))
-        seen["cmdlines"] = {pid: proc_entries(pid, "cmdline") for pid in pids}
+        # A process that ended between the listing and the read has no command line left
+        # (it read as empty: argv[0] failed, 1 run seen): nothing of it can leak.
+        seen["cmdlines"] = {pid: argv for pid in pids if (argv := proc_entries(pid, "cmdline"))}
         if os.geteuid() == 0:  # what another local user reads of the spawned process
             seen["as_another_user"] = {what: read_as_another_user(
                 f"/proc/{seen['spawned']['pid']}/{what}") for what in ("cmdline", "environ")}
