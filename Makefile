@@ -24,21 +24,27 @@ lint: install
 	$(PY) -m ruff check .
 	$(PY) -m mypy
 
+# The tests run on TEST_WORKERS pytest-xdist workers: most of a test's time is waiting on
+# its job, not computing.  Each worker's jobs have a TMPDIR of their own; a test marked
+# `serial` (it steers the kernel's next pid) runs alone (tests/conftest.py).
+TEST_WORKERS ?= 2
+PYTEST = $(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal tests
+
 # Strict mode (ELASTIC_HVD_STRICT): any anomaly of the core ends the job that met it,
 # and so fails its test, instead of being repaired and logged.
 test: lint
-	ELASTIC_HVD_STRICT=1 $(PY) -m pytest -q tests
+	ELASTIC_HVD_STRICT=1 $(PYTEST)
 
 # Single-process tests only (< 2 min).
 test-fast: install
-	$(PY) -m pytest -q tests -m "not multirank"
+	$(PYTEST) -m "not multirank"
 
 # For a change under way (< 10 min on 2 cores): the linters, the single-process tests, and
 # each subsystem once with real kills (the tests marked `check`: a loss inside a collective
 # and in fit, a plain script's loss, a spare, a node loss, a fence, a respawn, a stop, a
 # checkpoint writer killed, bad input, strict mode).  `make test` runs everything.
 check: lint
-	ELASTIC_HVD_STRICT=1 $(PY) -m pytest -q tests -m "check or not multirank" --durations=20
+	ELASTIC_HVD_STRICT=1 $(PYTEST) -m "check or not multirank" --durations=20
 
 # Keras 2 / TF 2.15 (the last TF Horovod supports): the TF tests in their own venv.
 # Not part of `make test` (a second TF install costs minutes).

@@ -82,18 +82,30 @@ def pytest_runtest_makereport(item, call):
     met = [r for r in records(out_dirs) if r.get("entry") in entries]
     evidence = "; ".join(json.dumps(r) for r in met)
     if report.passed:
-        _seen[item.nodeid] = (entries, "passed", evidence)
+        seen = "passed"
     elif report.failed and met:
         w = next(w for w in workarounds.TABLE if w.name == met[0]["entry"])
         report.outcome = "skipped"
         report.wasxfail = f"upstream {w.name} ({w.measured_on}), recorded: {evidence}"
-        _seen[item.nodeid] = (entries, "xfailed", evidence)
+        seen = "xfailed"
     elif report.failed:
         report.sections.append((
             "known upstream failures",
             f"marked {', '.join(entries)}, but no job of this test left a record of it "
             f"({RECORDS}): a real failure"))
-        _seen[item.nodeid] = (entries, "failed", "")
+        seen, evidence = "failed", ""
+    else:
+        return
+    # Counted where the reports arrive (pytest_runtest_logreport): with pytest-xdist, in
+    # the controller, which prints the summary, not in the worker that ran the test.
+    report.user_properties.append((MARKER, [list(entries), seen, evidence]))
+
+
+def pytest_runtest_logreport(report):
+    for name, value in report.user_properties:
+        if name == MARKER:
+            entries, outcome, evidence = value
+            _seen[report.nodeid] = (tuple(entries), outcome, evidence)
 
 
 def pytest_terminal_summary(terminalreporter):

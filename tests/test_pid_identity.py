@@ -86,7 +86,7 @@ def test_the_stopped_peer_watch_leaves_a_reused_pid_alone():
         members = _Members({3: (here, signals.mine()), 7: (here, ident[a.pid]),
                             9: (here, stale[b.pid])},
                            joiners=[(here, ident[j.pid]), (here, stale[k.pid])])
-        old = process.use(process.Runtime(settings=settings, comm=members))
+        old = process.use(process.Runtime(settings=settings, comm=members, growth=members))
         try:
             watch = StoppedPeers()
             assert watch.look(100.0) == []  # first seen stopped
@@ -116,6 +116,7 @@ def _take_pid(pid, tries=50):
 
 
 @pytest.mark.multirank
+@pytest.mark.serial  # it steers the next pid machine-wide: a test beside it would take it
 @pytest.mark.skipif(os.geteuid() != 0 or not os.access(LAST_PID, os.W_OK),
                     reason="choosing the next pid needs root")
 def test_the_fence_spares_a_process_that_got_the_lost_ranks_pid(tmp_path):

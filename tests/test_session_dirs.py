@@ -21,7 +21,9 @@ import pytest
 from elastic_hvd.runner.command import find_mpirun
 from mpijob import job_processes, kill_tree, proc_entries, run_job, until
 
-pytestmark = pytest.mark.multirank
+#: serial: the next pid is steered machine-wide (a pytest-xdist worker beside would fork into
+#: the planted window, or steer it away).
+pytestmark = [pytest.mark.multirank, pytest.mark.serial]
 
 NOT_STARTED = "The PMIx server's listener thread failed to start"
 
