@@ -171,6 +171,20 @@ def step(comm, mib="4"):
     report.write(comm.original_id, **common(comm, registry), **out)
 
 
+def static(comm):
+    """Horovod's static and multi-communicator registration (test_process_sets_static.py,
+    test_process_sets_multi_comm.py): duplicates get None, ids in Horovod's order."""
+    from mpi4py import MPI
+    registry = ps.Registry()
+    size = comm.size
+    sub = MPI.COMM_WORLD.Split(MPI.COMM_WORLD.rank % 2, MPI.COMM_WORLD.rank)
+    first = ps.register(comm, registry, [sub, MPI.COMM_WORLD.Dup(), sub.Dup(),
+                                         list(range(0, size, 2)), [0]])
+    second = ps.register(comm, registry, [sub, [0]])
+    report.write(comm.original_id, **common(comm, registry), first=first, second=second,
+                 rank_in_sub=registry.rank(comm, second[0]), size_of_0=registry.size(comm, 3))
+
+
 def main():
     scenario, args = sys.argv[1], sys.argv[2:]
     comm = core.init()
