@@ -2,6 +2,7 @@
 
     import elastic_hvd.horovod_alias; elastic_hvd.horovod_alias.install()
     import horovod.tensorflow.keras as hvd      # -> elastic_hvd.tensorflow.keras
+    import horovod.torch as hvd                 # -> elastic_hvd.torch
 
 ``elastic-hvd-run --as-horovod python train.py`` does the same before the script
 starts.  Nothing named ``horovod`` is installed: an import hook placed first on
@@ -41,6 +42,11 @@ ALIASES = {
     "horovod.keras": "elastic_hvd.keras",
     "horovod.keras.callbacks": "elastic_hvd.keras.callbacks",
     "horovod.keras.elastic": "elastic_hvd.keras.elastic",
+    "horovod.torch": "elastic_hvd.torch",
+    "horovod.torch.compression": "elastic_hvd.torch.compression",
+    "horovod.torch.functions": "elastic_hvd.torch.functions",
+    "horovod.torch.mpi_ops": "elastic_hvd.torch.mpi_ops",
+    "horovod.torch.optimizer": "elastic_hvd.torch.optimizer",
     "horovod.tensorflow.util": "elastic_hvd.tensorflow.util",
     "horovod.common": "elastic_hvd.common",
     "horovod.common.util": "elastic_hvd.common.util",

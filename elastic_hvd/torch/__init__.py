@@ -1,0 +1,45 @@
+"""Horovod's ``horovod.torch`` API, backed by the resilient core (no TensorFlow).
+
+    import elastic_hvd.torch as hvd     # instead of: import horovod.torch as hvd
+
+Under ``elastic-hvd-run --as-horovod`` an unchanged ``import horovod.torch as hvd`` gives
+this module.  Not provided yet (issue 47): ``hvd.elastic`` (``elastic.run``,
+``TorchState``, ``ElasticSampler``) and ``SyncBatchNorm``; asking for them raises an
+error that says so.
+"""
+
+from typing import NoReturn
+
+from ..basics import (ccl_built, cross_rank, cross_size, cuda_built, ddl_built,  # noqa: F401
+                      elastic_enabled, gloo_built, gloo_enabled, init, is_homogeneous,
+                      is_initialized, local_rank, local_size, mpi_built, mpi_enabled,
+                      mpi_threads_supported, nccl_built, rank, rocm_built, shutdown, size)
+from ..core.errors import (MismatchError, NotInitializedError,  # noqa: F401
+                           RanksBelowMinimumError, RemoteCollectiveError)
+from ..core.ops import Adasum, Average, Max, Min, Product, Sum  # noqa: F401
+from .compression import Compression  # noqa: F401
+from .functions import (allgather_object, broadcast_object,  # noqa: F401
+                        broadcast_optimizer_state, broadcast_parameters)
+from .mpi_ops import (HorovodInternalError, ProcessSet, add_process_set,  # noqa: F401
+                      allgather, allgather_async, allreduce, allreduce_, allreduce_async,
+                      allreduce_async_, alltoall, alltoall_async, barrier, broadcast,
+                      broadcast_, broadcast_async, broadcast_async_, global_process_set,
+                      grouped_allgather, grouped_allgather_async, grouped_allreduce,
+                      grouped_allreduce_, grouped_allreduce_async, grouped_allreduce_async_,
+                      grouped_reducescatter, grouped_reducescatter_async, join, poll,
+                      reducescatter, reducescatter_async, remove_process_set,
+                      sparse_allreduce_async, start_timeline, stop_timeline, synchronize)
+from .optimizer import DistributedOptimizer  # noqa: F401
+
+#: What issue 47 still has to bring, and what asking for it says.
+_NOT_YET = {
+    "elastic": "hvd.elastic (elastic.run, TorchState, ElasticSampler)",
+    "SyncBatchNorm": "hvd.SyncBatchNorm",
+}
+
+
+def __getattr__(name: str) -> NoReturn:
+    if name in _NOT_YET:
+        raise AttributeError(f"{_NOT_YET[name]} is not provided by elastic_hvd.torch yet "
+                             "(issue 47); the rest of horovod.torch is")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
