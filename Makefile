@@ -100,6 +100,12 @@ bench-tf-versions: install
 	test -x .venv-tf215/bin/elastic-hvd-run || $(MAKE) test-tf215
 	$(PY) bench/tf_versions.py --runs 3
 
+# ElasticData against tf.data on the same 2048 JPEGs, 1 and 4 ranks, as fast as it can and
+# beside a 20 ms step (issue 44): docs/benchmarks.md.  ~10 min.
+.PHONY: bench-input
+bench-input: install
+	$(PY) bench/input_speed.py --runs 5 --ahead 0
+
 # Replacing a killed rank / adding ranks (issue 6).
 bench-growth: install
 	$(PY) bench/growth_bench.py --runs 3
