@@ -126,6 +126,20 @@ compat-horovod: install
 	$(PY) -m pip install --quiet cloudpickle mock parameterized
 	$(PY) bench/horovod_suite.py --horovod-src $(HOROVOD_SRC) --keras 3 tf_keras
 
+# Under a real Slurm (issue 46): Debian's slurm-wlm + munge (installed here if missing,
+# as root), slurmctld and one slurmd per node, each node in its own network and UTS
+# namespace (tests/slurm/cluster.py), and jobs through sbatch (tests/slurm/).  Stops
+# everything it started, also when a test fails.  Not part of `make test`; docs/slurm.md.
+.PHONY: test-slurm
+test-slurm: install
+	command -v slurmctld >/dev/null && command -v munged >/dev/null || \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge)
+	dir=$${SLURM_DIR:-$$(mktemp -d /tmp/ehvd-slurm-XXXXXX)}; \
+	trap '$(PY) tests/slurm/cluster.py stop '"$$dir" EXIT; \
+	ELASTIC_HVD_SLURM_TESTS=1 ELASTIC_HVD_SLURM_DIR=$$dir \
+	  $(PY) -m pytest -q tests/slurm -p no:cacheprovider --durations=0 $(SLURM_TESTS); \
+	status=$$?; cat $$dir/measures.jsonl 2>/dev/null; exit $$status
+
 bench: bench-core bench-growth
 
 clean:

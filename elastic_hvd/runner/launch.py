@@ -17,7 +17,7 @@ from collections.abc import Container, Mapping, Sequence
 from typing import Any
 
 from ..core import config
-from . import relaunch
+from . import relaunch, slurm
 from .command import (SETTING_FLAGS, SWITCHES, build_command, flag_settings, host_slots,
                       program, program_start)
 from ..log import get_logger
@@ -206,7 +206,7 @@ def _check_inputs(args: argparse.Namespace) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     try:  # before anything starts, and for --dry-run too; in one line, as argparse's
-        args, settings = checked(parser().parse_args(argv))
+        args, settings = checked(slurm.at_start(parser().parse_args(argv)))  # docs/slurm.md
     except ValueError as exc:
         _log.error(f"elastic-hvd-run: {exc}")
         return 2

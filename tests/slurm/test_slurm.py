@@ -1,0 +1,249 @@
+"""Jobs on a real Slurm cluster (cluster.py: slurmctld, a slurmd per node, each node
+its own network and host name), submitted with ``sbatch`` as a user would; the
+training scripts are tests/workers' own, unchanged.  ``make test-slurm`` runs these.
+
+Times are measured and written to ``<cluster scratch>/measures.jsonl`` (docs/slurm.md's
+table); none is asserted: the machine is 2 shared cores."""
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import WORKERS, results, wait_nodes_clean
+from mpijob import assert_same_weights_every_step
+from test_elastic_fit import read_lines, trained_ids
+
+pytestmark = [pytest.mark.slurm, pytest.mark.timeout(400)]
+
+TWO_NODES = ["-N2", "--ntasks-per-node=2"]
+SAMPLES = 100  # elastic_fit.py's N
+
+
+def measure(cluster, what, **values):
+    with open(cluster.scratch / "measures.jsonl", "a") as f:
+        f.write(json.dumps({"what": what, **values}) + "\n")
+
+
+def fit(out, epochs, launcher="", env=None):
+    """A batch script's lines: elastic_fit.py under elastic-hvd-run, its exit status the job's."""
+    env = {"TEST_OUT_DIR": str(out), **(env or {})}
+    exports = "".join(f"export {k}={v}\n" for k, v in env.items())
+    xs = " ".join(f"-x {k}" for k in env)
+    return (f"mkdir -p {out}\n{exports}"
+            f"exec elastic-hvd-run {launcher} {xs} python {WORKERS}/elastic_fit.py {epochs}")
+
+
+def steps_logged(out, rank=0):
+    return read_lines(Path(out) / f"steps{rank}.jsonl")
+
+
+def wait_steps(jobs, job, out, count, timeout=240):
+    """Wait until rank 0 logged ``count`` steps (the job must still run)."""
+    deadline = time.monotonic() + timeout
+    while len(steps_logged(out)) < count:
+        state = jobs.state(job)
+        assert state in ("PENDING", "RUNNING", "CONFIGURING"), (state, jobs.output(job)[-3000:])
+        assert time.monotonic() < deadline, f"rank 0 logged no {count} steps: {jobs.output(job)}"
+        time.sleep(0.1)
+
+
+def rank_pid(cluster, node, rank, script="elastic_fit.py"):
+    """The pid of MPI rank ``rank`` of ``script`` on ``node`` (by its environment)."""
+    for pid, _ in cluster.processes_on(node):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if script.encode() in cmd and f"OMPI_COMM_WORLD_RANK={rank}".encode() in env:
+            return pid
+    return None
+
+
+def job_processes(cluster):
+    """``{node: [(pid, comm)]}`` of everything but slurmd on the nodes."""
+    return {node: [p for p in cluster.processes_on(node) if p[1] != "slurmd"]
+            for node in cluster.nodes}
+
+
+def tree(path):
+    """``{relative path: bytes}`` of the files under ``path``."""
+    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(Path(path).rglob("*"))
+            if p.is_file()}
+
+
+def test_a_two_node_allocation_is_taken_by_elastic_hvd_run_and_plain_mpirun(cluster, jobs,
+                                                                          tmp_path):
+    # No host and no -np anywhere: the allocation's 2 nodes x 2 slots.
+    out = {name: tmp_path / name for name in ("layout", "fit", "plain", "plain_np")}
+    job = jobs.sbatch(
+        f"mkdir -p {' '.join(map(str, out.values()))}\n"
+        f"TEST_OUT_DIR={out['layout']} elastic-hvd-run -x TEST_OUT_DIR "
+        f"python {WORKERS}/hosts.py layout || exit $?\n"
+        f"TEST_OUT_DIR={out['fit']} elastic-hvd-run -np 4 -x TEST_OUT_DIR "
+        f"python {WORKERS}/elastic_fit.py 2 || exit $?\n"
+        f"TEST_OUT_DIR={out['plain']} mpirun --with-ft ulfm --allow-run-as-root -x TEST_OUT_DIR "
+        f"python {WORKERS}/hosts.py layout || exit $?\n"
+        f"TEST_OUT_DIR={out['plain_np']} mpirun -np 4 --with-ft ulfm --allow-run-as-root "
+        f"-x TEST_OUT_DIR python {WORKERS}/hosts.py layout",
+        options=[*TWO_NODES, "--no-kill"])
+    started = time.monotonic()
+    info = jobs.wait_state(job, ("COMPLETED", "FAILED", "CANCELLED", "NODE_FAIL"), 300)
+    output = jobs.output(job)
+    assert (info["JobState"], info["ExitCode"]) == ("COMPLETED", "0:0"), output[-4000:]
+    assert "was not seen to have --no-kill" not in output
+    for name in ("layout", "plain", "plain_np"):
+        ranks = results(out[name])
+        assert [ranks[i]["host"] for i in range(4)] == ["node1", "node1", "node2", "node2"], name
+        assert [ranks[i]["local_rank"] for i in range(4)] == [0, 1, 0, 1], name
+        assert ranks[0]["cross_size"] == 2, name
+    fitted = results(out["fit"])
+    assert sorted(fitted) == [0, 1, 2, 3], output[-4000:]
+    assert len({r["digest"] for r in fitted.values()}) == 1
+    assert_same_weights_every_step(out["fit"])
+    for epoch, ids in trained_ids(out["fit"], []).items():
+        assert sorted(ids) == list(range(SAMPLES)), f"epoch {epoch}: not exactly once"
+    measure(cluster, "allocation: 4 launches (2 elastic-hvd-run, 2 mpirun), 2-epoch fit",
+            seconds=round(time.monotonic() - started, 1))
+
+
+def test_a_job_without_no_kill_is_warned_at_start(cluster, jobs, tmp_path):
+    job = jobs.sbatch(f"mkdir -p {tmp_path}/o\nTEST_OUT_DIR={tmp_path}/o elastic-hvd-run "
+                      f"-x TEST_OUT_DIR python {WORKERS}/hosts.py layout", options=TWO_NODES)
+    info = jobs.wait_state(job, ("COMPLETED", "FAILED", "CANCELLED"), 120)
+    output = jobs.output(job)
+    assert info["JobState"] == "COMPLETED", output
+    lines = [line for line in output.splitlines() if "--no-kill" in line]
+    assert len(lines) == 1 and lines[0].startswith(f"elastic-hvd-run: Slurm job {job} was not "
+                                                   "seen to have --no-kill"), output
+
+
+def test_a_rank_killed_from_outside_is_survived_in_place(cluster, jobs, tmp_path):
+    out = tmp_path / "out"
+    job = jobs.sbatch(fit(out, 3, env={"TEST_STEP_SLEEP": "0.2"}),
+                      options=[*TWO_NODES, "--no-kill"])
+    wait_steps(jobs, job, out, 8)
+    pid = rank_pid(cluster, "node2", 3)
+    assert pid, job_processes(cluster)
+    os.kill(pid, signal.SIGKILL)
+    killed = time.time()
+    info = jobs.wait_state(job, ("COMPLETED", "FAILED", "CANCELLED", "NODE_FAIL"), 300)
+    output = jobs.output(job)
+    assert (info["JobState"], info["ExitCode"]) == ("COMPLETED", "0:0"), output[-4000:]
+    ranks = results(out)
+    assert sorted(ranks) == [0, 1, 2], output[-4000:]
+    assert_same_weights_every_step(out)
+    events = read_lines(out / "events.jsonl")
+    assert sorted(r for e in events for r in e["lost"]) == [3]
+    for epoch, ids in trained_ids(out, events).items():
+        assert sorted(ids) == list(range(SAMPLES)), f"epoch {epoch}: not exactly once"
+    after = [s["time"] for s in steps_logged(out) if s["time"] > killed]
+    measure(cluster, "rank SIGKILLed: kill -> next step done on rank 0",
+            seconds=round(min(after) - killed, 2), step_sleep=0.2)
+
+
+def test_scancel_mid_step_leaves_nothing_and_the_checkpoint_intact(cluster, jobs, tmp_path):
+    out = tmp_path / "out"
+    job = jobs.sbatch(fit(out, 6, env={"TEST_STEP_SLEEP": "0.3"}),
+                      options=[*TWO_NODES, "--no-kill"])
+    # 100 samples, 4 ranks x 4: 7 steps an epoch; step 10 is mid-epoch 2.
+    wait_steps(jobs, job, out, 10)
+    ckpt = out / "ckpt"
+    assert (ckpt / "checkpoint.json").exists()
+    before = tree(ckpt)
+    jobs.scancel(job)
+    cancelled = time.monotonic()
+    info = jobs.wait_state(job, ("CANCELLED",), 120)
+    state_at = time.monotonic() - cancelled
+    left = wait_nodes_clean(cluster, 60)
+    gone_at = time.monotonic() - cancelled
+    assert not left, left
+    after = tree(ckpt)
+    meta = json.loads(after["checkpoint.json"])
+    if after["checkpoint.json"] == before["checkpoint.json"]:  # no commit since: the same bytes
+        named = {k: v for k, v in before.items() if ".tmp" not in k}
+        assert {k: after.get(k) for k in named} == named
+    else:  # a commit raced the scancel: what it names is complete
+        assert meta["epoch"] >= json.loads(before["checkpoint.json"])["epoch"]
+    assert (ckpt / meta["weights"]).exists() and (ckpt / meta["state"]).exists(), meta
+    measure(cluster, "scancel mid-step: -> job CANCELLED; -> no process left on the nodes",
+            state_s=round(state_at, 2), clean_s=round(gone_at, 2), exit_code=info["ExitCode"])
+
+
+def test_a_lost_node_is_relaunched_on_what_is_left_and_slurm_keeps_the_job(cluster, jobs,
+                                                                          tmp_path):
+    out = tmp_path / "out"
+    job = jobs.sbatch(fit(out, 3, env={"TEST_STEP_SLEEP": "0.3",
+                                       "ELASTIC_HVD_REPLICA_BUDGET": "1"}),
+                      options=[*TWO_NODES, "--no-kill"])
+    wait_steps(jobs, job, out, 10)
+    victims = cluster.lose_node("node2")
+    lost = time.time()
+    try:
+        info = jobs.wait_state(job, ("COMPLETED", "FAILED", "CANCELLED", "NODE_FAIL"), 300)
+        node2 = cluster.sh("sinfo -h -n node2 -o %t", check=False).stdout.strip()
+    finally:
+        cluster.revive("node2")
+    output = jobs.output(job)
+    assert (info["JobState"], info["ExitCode"]) == ("COMPLETED", "0:0"), output[-4000:]
+    assert node2.startswith("down"), node2  # Slurm saw the node go, and kept the job
+    assert "node loss: the MPI runtime lost the daemon of host node2" in output, output[-4000:]
+    assert "relaunching on node1:2 (2 ranks; relaunch 1 of 3)" in output, output[-4000:]
+    assert sorted(results(out)) == [0, 1], output[-4000:]
+    assert_same_weights_every_step(out)
+    steps = steps_logged(out)
+    first = [s for s in steps if s["launch"] == 0]
+    done = max(s["step"] for s in first)
+    restored = results(out)[0]["restored"]
+    assert done - 1 <= restored["step"] <= done, (done, restored)
+    assert restored["digest"] == next(s["digest"] for s in first if s["step"] == restored["step"])
+    assert f"from the launcher's copy of step {restored['step']}" in output
+    again = min(s["time"] for s in steps if s["launch"] == 1)
+    measure(cluster, "node lost (slurmd + every process, network gone): loss -> relaunched "
+            "job's first step", seconds=round(again - lost, 1), victims=len(victims),
+            steps_redone=done - restored["step"], node_state=node2)
+
+
+def test_a_requeued_job_resumes_from_its_checkpoint_exactly_once(cluster, jobs, tmp_path):
+    # What preemption (PreemptMode=REQUEUE) does to a job: `scontrol requeue`. Each
+    # run logs into its own directory (run0, run1: the batch script's choice, by
+    # SLURM_RESTART_COUNT); the checkpoint directory is shared.
+    base = tmp_path / "base"
+    run = f"{base}/run$" + "{SLURM_RESTART_COUNT:-0}"
+    body = (f"mkdir -p {base}/ckpt {run} && ln -sfn {base}/ckpt {run}/ckpt\n" +
+            fit(run, 3, env={"TEST_STEP_SLEEP": "0.3"}))
+    job = jobs.sbatch(body, options=[*TWO_NODES, "--no-kill", "--requeue"])
+    run0, run1 = base / "run0", base / "run1"
+    wait_steps(jobs, job, run0, 10)  # mid-epoch 2
+    jobs.cluster.sh(f"scontrol requeue {job}")
+    requeued = time.monotonic()
+    requeued_at = time.time()
+    deadline = time.monotonic() + 120
+    while any(job_processes(cluster).values()) and not run1.exists():
+        assert time.monotonic() < deadline, job_processes(cluster)
+        time.sleep(0.1)
+    ended = time.monotonic() - requeued
+    info = jobs.wait_state(job, ("COMPLETED", "FAILED", "CANCELLED"), 360)
+    output = jobs.output(job)
+    assert (info["JobState"], info["ExitCode"], info["Restarts"]) == ("COMPLETED", "0:0", "1"), \
+        output[-4000:]
+    first, second = steps_logged(run0), steps_logged(run1)
+    resumed = results(run1)[0]["initial_epoch"]
+    assert resumed >= 1, output[-4000:]
+    assert "resuming at epoch" in output
+    # exactly once across both runs: the epochs before the checkpoint from run 0, the rest
+    # from run 1, each epoch's samples once
+    per_epoch = {e: ids for e, ids in trained_ids(run0, []).items() if e < resumed}
+    per_epoch.update(trained_ids(run1, []))
+    assert sorted(per_epoch) == [0, 1, 2], sorted(per_epoch)
+    for epoch, ids in per_epoch.items():
+        assert sorted(ids) == list(range(SAMPLES)), f"epoch {epoch}: not exactly once"
+    assert_same_weights_every_step(run1)
+    restart = min(s["time"] for s in second) - requeued_at
+    measure(cluster, "scontrol requeue (preemption): -> first run's processes gone; -> "
+            "requeued run's first step", gone_s=round(ended, 2), first_step_s=round(restart, 1),
+            steps_done_first_run=max(s["step"] for s in first), resumed_epoch=resumed)
