@@ -3,17 +3,13 @@
 import enum
 from typing import Any
 
-#: Why Adasum is refused.
-NO_ADASUM = (
-    "op=Adasum is not supported by elastic_hvd: Adasum is its own algorithm (a recursive "
-    "pairwise exchange, not an allreduce) that the resilient core does not implement, and "
-    "its pairing needs a power-of-2 number of ranks, which a loss breaks; use op=Average "
-    "or op=Sum")
+#: Where Adasum is refused: it is a reduction of an allreduce (:mod:`.adasum`) only.
+NO_ADASUM_HERE = "op=Adasum reduces only in allreduce (and grouped_allreduce), not in {}"
 
 
 class ReduceOp(enum.IntEnum):
-    """Horovod's reduce ops (``hvd.Average``, ``hvd.Sum``, ...); ADASUM exists for
-    Horovod's numbering only and is rejected (see :func:`check_op`)."""
+    """Horovod's reduce ops (``hvd.Average``, ``hvd.Sum``, ...); ADASUM is the
+    algorithm of :mod:`.adasum`, not an MPI operation (see :func:`mpi_op`)."""
 
     AVERAGE = 0
     SUM = 1
@@ -28,7 +24,7 @@ Average, Sum, Adasum, Min, Max, Product = (
 
 
 #: The name in mpi4py's ``MPI`` of each ReduceOp's operation (Average is a Sum followed
-#: by a division; no Adasum).
+#: by a division; Adasum is no MPI operation: :mod:`.adasum`).
 _MPI_NAMES = {ReduceOp.AVERAGE: "SUM", ReduceOp.SUM: "SUM", ReduceOp.MIN: "MIN",
               ReduceOp.MAX: "MAX", ReduceOp.PRODUCT: "PROD"}
 
@@ -40,14 +36,15 @@ def mpi_ops(MPI: Any) -> dict[ReduceOp, Any]:
 
 def mpi_op(MPI: Any, op: int) -> Any:
     """The MPI.Op of ``op`` (checked as :func:`check_op` does), without building the
-    table or an enum member: a reduction asks for it on every call."""
+    table or an enum member: a reduction asks for it on every call.  Adasum, which
+    no MPI operation computes, raises NotImplementedError (a collective other than
+    allreduce was asked for it)."""
     name = _MPI_NAMES.get(op)  # type: ignore[call-overload]  # an int finds its IntEnum key
+    if name is None and check_op(op) is ReduceOp.ADASUM:
+        raise NotImplementedError(NO_ADASUM_HERE.format("this collective"))
     return getattr(MPI, name if name is not None else _MPI_NAMES[check_op(op)])
 
 
 def check_op(op: int) -> ReduceOp:
-    """``op`` as a ReduceOp; a clear error for Adasum, which is not supported."""
-    op = ReduceOp(op)
-    if op is ReduceOp.ADASUM:
-        raise NotImplementedError(NO_ADASUM)
-    return op
+    """``op`` as a ReduceOp (ValueError for a number that is none)."""
+    return ReduceOp(op)

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from . import config, process
+from . import adasum, config, process
 from .ops import ReduceOp, mpi_op
 
 #: Bytes: TF shares a result's memory without a copy only when it is 64-byte aligned.
@@ -154,7 +154,7 @@ def _signature(dtype: np.dtype, shapes: Any, op: int, prescale_factor: float,
 
 def _reduction(comm: Any, sends: Sequence[np.ndarray], op: int, prescale_factor: float,
                postscale_factor: float, outs: Sequence[np.ndarray | None],
-               pieces: int) -> Any:
+               pieces: int, segments: Sequence[Sequence[int]] | None = None) -> Any:
     """The attempt of one allreduce call for ``ResilientComm.run_many``: each of ``sends``
     (C-contiguous arrays of one dtype) reduced by its own MPI_Allreduce (in pieces when
     large) into its ``outs`` entry when that fits.  Returns ``(targets, factor)``:
@@ -162,7 +162,14 @@ def _reduction(comm: Any, sends: Sequence[np.ndarray], op: int, prescale_factor:
 
     One call for a step's 200 unfused gradients, not 200: the signature that
     covers them all is checked once, and the loop below is all the Python an
-    array costs (Horovod's coordinator too negotiates a cycle's tensors at once)."""
+    array costs (Horovod's coordinator too negotiates a cycle's tensors at once).
+
+    Adasum (:mod:`.adasum`) combines each send by its own algorithm instead of
+    MPI_Allreduce; ``segments[k]``: the sizes of the tensors packed in ``sends[k]``
+    (each combined with its own dot products; None: each send is one tensor)."""
+    if op == ReduceOp.ADASUM:
+        return _adasum_reduction(sends, prescale_factor, postscale_factor, segments)
+
     def attempt(mpi_comm: Any) -> tuple[list[np.ndarray], float]:
         # validation happens here, once ranks agree on the call
         reduction = mpi_op(comm.MPI, op)
@@ -182,6 +189,29 @@ def _reduction(comm: Any, sends: Sequence[np.ndarray], op: int, prescale_factor:
             _allreduce_pieces(mpi_comm, send, target, reduction, scale, pieces)
             targets.append(target)
         return targets, 1.0 if in_pieces else factor
+
+    return attempt
+
+
+def _adasum_reduction(sends: Sequence[np.ndarray], prescale_factor: float,
+                      postscale_factor: float,
+                      segments: Sequence[Sequence[int]] | None) -> Any:
+    """The attempt of :func:`_reduction` for Adasum: each send prescaled as Horovod
+    scales (:func:`_scale`), combined by :func:`.adasum.reduce` on the attempt's
+    communicator (float16 in float32, rounded to float16 after every pairwise step,
+    as Horovod's float16 kernels store it), the postscale factor left to
+    :func:`finish_reduce`."""
+    def attempt(mpi_comm: Any) -> tuple[list[np.ndarray], float]:
+        targets = []
+        for k, x in enumerate(sends):
+            if x.dtype not in adasum.FLOATS:
+                raise TypeError(f"op=Adasum reduces float16, float32 and float64 tensors "
+                                f"(as Horovod's), not {x.dtype}")
+            send = reduce_input(x, prescale_factor)
+            counts = [x.size] if segments is None else list(segments[k])
+            targets.append(adasum.reduce(mpi_comm, send.reshape(-1), counts,
+                                         x.dtype).reshape(x.shape))
+        return targets, postscale_factor
 
     return attempt
 
@@ -244,6 +274,7 @@ def _fused_calls(comm: Any, groups: Sequence[Sequence[np.ndarray]], op: int,
     planned: list[tuple[list[np.ndarray], np.dtype, tuple, list[int]]] = []
     # (result index, call, buffer, start, size, shape, dtype to cast to), one per array
     unpacks: list[tuple[int, int, int, int, int, tuple[int, ...], np.dtype | None]] = []
+    packing: list[list[list[int]]] = []  # per call, per send: its tensors' padded sizes
     first = nbytes = 0
     for arrays in groups:
         for buffers in _buffers(arrays, settings.fusion_threshold):
@@ -252,6 +283,7 @@ def _fused_calls(comm: Any, groups: Sequence[Sequence[np.ndarray]], op: int,
             cast = None if wire == dtype else dtype
             sends: list[np.ndarray] = []
             offsets: list[int] = []
+            segments: list[list[int]] = []  # per send, its tensors' sizes with padding
             shapes: list[Any] = [] if cast is None else [dtype.name]
             for batch in buffers:
                 if len(batch) == 1 and cast is None:  # unfused: the array as it is
@@ -259,6 +291,7 @@ def _fused_calls(comm: Any, groups: Sequence[Sequence[np.ndarray]], op: int,
                     send = array.reshape(-1)
                     unpacks.append((first + batch[0], call, len(sends), 0, array.size,
                                     array.shape, None))
+                    segments.append([array.size])
                 else:
                     align = max(1, ALIGN // wire.itemsize)
                     starts, total = [], 0
@@ -270,6 +303,7 @@ def _fused_calls(comm: Any, groups: Sequence[Sequence[np.ndarray]], op: int,
                         send[start:start + arrays[j].size] = arrays[j].reshape(-1)
                         unpacks.append((first + j, call, len(sends), start, arrays[j].size,
                                         arrays[j].shape, cast))
+                    segments.append(np.diff(starts + [total]).tolist())
                 shapes.extend(arrays[j].shape for j in batch)
                 sends.append(send)
                 offsets.append(nbytes)
@@ -277,14 +311,15 @@ def _fused_calls(comm: Any, groups: Sequence[Sequence[np.ndarray]], op: int,
             signature = _signature(wire, tuple(shapes), op, prescale_factor, postscale_factor,
                                    pieces, tuple(len(batch) for batch in buffers))
             planned.append((sends, wire, signature, offsets))
+            packing.append(segments)
         first += len(arrays)
     arena = aligned_empty(nbytes, np.uint8)
     calls: list[tuple[Any, Any]] = []
-    for sends, wire, signature, offsets in planned:
+    for (sends, wire, signature, offsets), segments in zip(planned, packing):
         outs = [arena[offset:offset + send.size * wire.itemsize].view(wire)
                 for send, offset in zip(sends, offsets)]
         calls.append((signature, _reduction(comm, sends, op, prescale_factor,
-                                            postscale_factor, outs, pieces)))
+                                            postscale_factor, outs, pieces, segments)))
 
     def unpack(outcomes: Sequence[Any]) -> list:
         reduced = [[finish_reduce(target, wire, factor) for target in targets]

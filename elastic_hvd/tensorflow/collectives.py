@@ -12,7 +12,7 @@ import tensorflow as tf
 
 from ..core import runtime
 from ..core.errors import RanksBelowMinimumError
-from ..core.ops import Average, ReduceOp, Sum
+from ..core.ops import Adasum, Average, ReduceOp, Sum
 from . import ops as _ops
 from .compression import Compression, Compressor
 from .ops import ProcessSet, global_process_set
@@ -25,6 +25,11 @@ if TYPE_CHECKING:
 HorovodInternalError = RanksBelowMinimumError
 
 
+#: Horovod's words for Adasum on IndexedSlices (horovod/tensorflow/__init__.py).
+NO_SPARSE_ADASUM = ("The Adasum reduction does not currently support sparse tensors. As a "
+                    "workaround please pass sparse_as_dense=True to DistributedOptimizer")
+
+
 def _tensor(value: Any) -> Any:
     return value if isinstance(value, (tf.Tensor, tf.Variable, tf.IndexedSlices)) \
         else tf.convert_to_tensor(value)
@@ -35,7 +40,8 @@ def allreduce(tensor: Any, average: bool | None = None, device_dense: str = "",
               op: int | None = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
               name: str | None = None, process_set: ProcessSet = global_process_set,
               ignore_name_scope: bool = False) -> Any:
-    """Reduce ``tensor`` over all live ranks (default op: Average over the live size)."""
+    """Reduce ``tensor`` over all live ranks (default op: Average over the live size;
+    ``op=Adasum``: :mod:`elastic_hvd.core.adasum`, over any live size)."""
     _ops.check_process_set(process_set)
     op = _ops.resolve_op(op, average)
     tensor = _tensor(tensor)
@@ -81,6 +87,8 @@ def _allreduce_slices(slices: Sequence[Any], op: ReduceOp, prescale_factor: floa
     indices gathered, in one op (Average divides the values by the live size);
     ``dense_shape`` kept as it is, even None.  Like Horovod, only Average and Sum,
     and no scale factors."""
+    if op == Adasum:
+        raise NotImplementedError(NO_SPARSE_ADASUM)
     if op not in (Average, Sum):
         raise NotImplementedError("Only Sum and Average ops are supported with tf.IndexedSlices")
     if prescale_factor != 1.0 or postscale_factor != 1.0:

@@ -15,7 +15,8 @@ import tensorflow as tf
 
 from . import ops
 from .compression import Compression, Compressor
-from ..core.ops import Average, Sum
+from ..core.ops import Adasum, Average, Sum
+from .collectives import NO_SPARSE_ADASUM
 from .ops import ProcessSet, global_process_set
 
 
@@ -28,8 +29,9 @@ class GradientReducer:
                  scale_local_gradients: bool = True) -> None:
         ops.check_process_set(process_set)
         self.op = ops.resolve_op(op, None)
-        if self.op not in (Average, Sum):
-            raise ValueError(f"gradients can be reduced with Average or Sum, not {self.op.name}")
+        if self.op not in (Average, Sum, Adasum):
+            raise ValueError("gradients can be reduced with Average, Sum or Adasum, not "
+                             f"{self.op.name}")
         if gradient_predivide_factor != 1.0 and self.op is not Average:
             raise ValueError("gradient_predivide_factor needs op=Average")
         # As Horovod 0.28: ``groups`` is a number of groups or a list of lists of
@@ -53,6 +55,9 @@ class GradientReducer:
         self.groups: Sequence[Sequence[Any]] | None = groups
         self.scale_local_gradients = scale_local_gradients
         self.local_vars: set[int] = set()
+        #: The gradients the optimizer's ``_compute_gradients`` returned last (already
+        #: reduced): ``apply_gradients`` given these very tensors does not reduce again.
+        self.computed: list[Any] | None = None
 
     def register_local_var(self, var: Any) -> None:
         """Gradients of ``var`` stay local (not averaged across ranks)."""
@@ -74,6 +79,8 @@ class GradientReducer:
                 continue
             if isinstance(g, tf.IndexedSlices):
                 if not self.sparse_as_dense:
+                    if self.op == Adasum:
+                        raise NotImplementedError(NO_SPARSE_ADASUM)
                     sparse.append(i)
                     continue
                 grads[i] = tf.convert_to_tensor(g)
@@ -114,10 +121,13 @@ _REDUCER_KWARGS = ("compression", "sparse_as_dense", "op", "gradient_predivide_f
 
 
 class LocalAccumulator:
-    """``backward_passes_per_step``: sum gradients locally, reduce and apply every N-th pass.
+    """``backward_passes_per_step``: sum gradients locally, reduce and apply every N-th
+    pass.  It is also the optimizer's ``_agg_helper``, with the interface of Horovod's
+    LocalGradientAggregationHelper(Eager): ``counter`` (passes since the last
+    reduction, back to 0 at each), ``compute_gradients`` and ``apply_gradients``.
 
     The accumulators are created once, outside any graph (``tf.init_scope``); the
-    N-th pass is chosen by a counter variable, so a compiled step keeps working.
+    N-th pass is chosen by the counter variable, so a compiled step keeps working.
     Ranks step in lockstep, so every rank reduces on the same pass.
     """
 
@@ -128,10 +138,10 @@ class LocalAccumulator:
 
     def __init__(self, passes: int, average: bool) -> None:
         self.passes, self.average = int(passes), average
+        self.backward_passes_per_step, self.average_aggregated_gradients = self.passes, average
         self.sums = self.counter = None
 
-    def __call__(self, grads: Sequence[Any], variables: Sequence[Any],
-                 update: Callable[[list[Any]], Any]) -> None:
+    def _accumulate(self, grads: Sequence[Any], variables: Sequence[Any]) -> None:
         grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
         if self.sums is None:
             with tf.init_scope():
@@ -146,26 +156,91 @@ class LocalAccumulator:
         with tf.control_dependencies(added):
             self.counter.assign_add(1)
 
+    def _scaled(self) -> list[Any]:
+        scale = 1.0 / self.passes if self.average else 1.0
+        return [None if t is None else t.read_value() * tf.cast(scale, t.dtype)
+                for t in self.sums]
+
+    def _clear(self) -> None:
+        for total in self.sums:
+            if total is not None:
+                total.assign(tf.zeros_like(total))
+        self.counter.assign(0)
+
+    def _when_due(self, flush: Callable[[], Any], otherwise: Callable[[], Any]) -> Any:
+        due = tf.equal(self.counter, self.passes)
+        if tf.executing_eagerly():
+            return flush() if bool(due) else otherwise()
+        return tf.cond(due, flush, otherwise)
+
+    def __call__(self, grads: Sequence[Any], variables: Sequence[Any],
+                 update: Callable[[list[Any]], Any]) -> None:
+        """The apply path: accumulate; on the N-th pass, ``update`` (reduce and apply)
+        the sums and clear them."""
+        self._accumulate(grads, variables)
+
         def flush() -> Any:
-            scale = 1.0 / self.passes if self.average else 1.0
-            update([None if t is None else t.read_value() * tf.cast(scale, t.dtype)
-                    for t in self.sums])
-            for total in self.sums:
-                if total is not None:
-                    total.assign(tf.zeros_like(total))
+            update(self._scaled())
+            self._clear()
             return tf.constant(True)
 
-        due = tf.equal(self.counter % self.passes, 0)
+        self._when_due(flush, lambda: tf.constant(False))
+
+    def compute_gradients(self, grads: Sequence[Any], variables: Sequence[Any],
+                          reduce: Callable[[list[Any]], list[Any]]) -> list[Any]:
+        """Horovod's helper's: accumulate; return the local sums so far, or on the
+        N-th pass the sums (divided by N with ``average_aggregated_gradients``)
+        ``reduce``d across ranks, and clear them."""
+        self._accumulate(grads, variables)
+        present = [i for i, t in enumerate(self.sums) if t is not None]
+
+        def flush() -> list[Any]:
+            scaled = self._scaled()
+            reduced = reduce(scaled)
+            out = [reduced[i] for i in present]
+            with tf.control_dependencies(out):
+                self._clear()
+                return [tf.identity(r) for r in out]
+
+        def local() -> list[Any]:
+            return [self.sums[i].read_value() for i in present]
+
+        values = self._when_due(flush, local)
+        result: list[Any] = [None] * len(self.sums)
+        for i, value in zip(present, values):
+            result[i] = value
+        return result
+
+    def apply_gradients(self, apply: Callable[[], Any], optimizer: Any) -> Any:
+        """Horovod's helper's: ``apply`` right after a reduction (the counter back at
+        0), otherwise only count the optimizer's iteration."""
+        def applied() -> Any:
+            apply()
+            return tf.constant(True)
+
+        def counted() -> Any:
+            if getattr(optimizer, "iterations", None) is not None:
+                optimizer.iterations.assign_add(1)
+            return tf.constant(False)
+
         if tf.executing_eagerly():
-            if bool(due):
-                flush()
-        else:
-            tf.cond(due, flush, lambda: tf.constant(False))
+            return applied() if int(self.counter) == 0 else counted()
+        return tf.cond(tf.equal(self.counter, 0), applied, counted)
 
 
 def _update(optimizer: Any, grads: list[Any], variables: list[Any],
             apply: Callable[[list[Any]], Any]) -> Any:
-    """Reduce ``grads`` (after local accumulation, if any) and ``apply`` them."""
+    """Reduce ``grads`` (after local accumulation, if any) and ``apply`` them; gradients
+    that ``_compute_gradients`` returned (reduced already) are applied as Horovod's
+    wrapper applies them: at once, or with ``backward_passes_per_step`` only on the
+    pass that reduced them (the others count an iteration)."""
+    computed, optimizer._hvd_reducer.computed = optimizer._hvd_reducer.computed, None
+    if computed is not None and len(computed) == len(grads) \
+            and all(g is c for g, c in zip(grads, computed)):
+        if optimizer._hvd_accumulator is None:
+            return apply(grads)
+        return optimizer._hvd_accumulator.apply_gradients(lambda: apply(grads), optimizer)
+
     def reduce_and_apply(local_grads: list[Any]) -> Any:
         return apply(optimizer._hvd_reducer(local_grads, variables))
 
@@ -174,42 +249,62 @@ def _update(optimizer: Any, grads: list[Any], variables: list[Any],
     return optimizer._hvd_accumulator(grads, variables, reduce_and_apply)
 
 
-def _agg_helper(self: Any) -> None:
+def _agg_helper(self: Any) -> "LocalAccumulator | None":
     """Horovod's local gradient aggregation helper: None without
-    ``backward_passes_per_step`` > 1, as in Horovod; the helper itself is not
-    provided (here LocalAccumulator does its work, with another interface)."""
-    if self._hvd_accumulator is None:
-        return None
-    raise AttributeError(
-        "DistributedOptimizer._agg_helper, Horovod's LocalGradientAggregationHelper, is a part "
-        "of Horovod that elastic_hvd does not provide (backward_passes_per_step accumulates in "
-        "elastic_hvd.tensorflow.gradients.LocalAccumulator)")
+    ``backward_passes_per_step`` > 1, as in Horovod; else the :class:`LocalAccumulator`
+    (Horovod's helper's ``counter``, ``compute_gradients`` and ``apply_gradients``)."""
+    return self._hvd_accumulator
+
+
+def _compute_gradients_of(base: Any) -> Callable[..., list[tuple[Any, Any]]]:
+    """Horovod's Keras wrapper's ``_compute_gradients`` for subclasses of ``base``."""
+    def _compute_gradients(self: Any, loss: Any, var_list: Any, grad_loss: Any = None,
+                           tape: Any = None) -> list[tuple[Any, Any]]:
+        """This rank's gradients of ``loss`` (the optimizer's own way), reduced across
+        ranks as ``apply_gradients`` reduces them -- one step transaction -- and, with
+        ``backward_passes_per_step`` > 1, accumulated as Horovod's helper does (the
+        local sums on the other passes).  Given back to ``apply_gradients``, they are
+        applied without a second reduction."""
+        tape = tf.GradientTape() if tape is None else tape
+        if hasattr(base, "_compute_gradients"):
+            pairs = base._compute_gradients(self, loss, var_list, grad_loss, tape=tape)
+        elif hasattr(base, "compute_gradients"):
+            pairs = base.compute_gradients(self, loss, var_list, tape=tape)
+        else:  # Keras 3: no gradient method of its own
+            pairs = _tape_gradients(loss, var_list, tape)
+        grads, variables = [g for g, _ in pairs], [v for _, v in pairs]
+        if self._hvd_accumulator is None:
+            reduced = self._hvd_reducer(grads, variables)
+        else:
+            reduced = self._hvd_accumulator.compute_gradients(
+                grads, variables, lambda local: self._hvd_reducer(local, variables))
+        self._hvd_reducer.computed = list(reduced)
+        return list(zip(reduced, variables))
+    return _compute_gradients
+
+
+def _tape_gradients(loss: Any, var_list: Any, tape: Any) -> list[tuple[Any, Any]]:
+    """``[(gradient, variable)]`` of ``loss`` (a tensor recorded on ``tape``, or a
+    callable) for ``var_list`` (a list, or a callable giving one)."""
+    if callable(loss):
+        with tape:
+            value = loss()
+    else:
+        value = loss
+    variables = list(var_list() if callable(var_list) else var_list)
+    return list(zip(tape.gradient(value, variables), variables))
 
 
 def _no_averaged_gradients(name: str) -> NotImplementedError:
     return NotImplementedError(
         f"DistributedOptimizer.{name}, which returns allreduced gradients in Horovod, is "
-        "not provided: elastic_hvd averages gradients in apply_gradients()/apply() (the step "
-        "transaction), so gradients from here would be averaged twice. Compute them with a "
-        "tf.GradientTape (hvd.DistributedGradientTape to see them averaged) or call "
-        "minimize()")
-
-
-def _compute_gradients(self: Any, loss: Any, var_list: Any, grad_loss: Any = None,
-                       tape: Any = None) -> NoReturn:
-    """Not provided: Horovod's Keras DistributedOptimizer returns averaged gradients
-    here, elastic_hvd averages them in ``apply_gradients()``/``apply()`` (the step
-    transaction), so gradients from here would be averaged twice."""
-    raise _no_averaged_gradients("_compute_gradients")
-
-
-def _refused_compute_gradients(self: Any, loss: Any, var_list: Any, tape: Any = None) -> NoReturn:
-    """Not provided, as :func:`_compute_gradients`."""
-    raise _no_averaged_gradients("compute_gradients")
+        "not provided with Keras 3 optimizers, which have no get_gradients(): compute "
+        "gradients with compute_gradients() or a tf.GradientTape "
+        "(hvd.DistributedGradientTape to see them averaged), or call minimize()")
 
 
 def _refused_get_gradients(self: Any, loss: Any, params: Any) -> NoReturn:
-    """Not provided, as :func:`_compute_gradients`."""
+    """Not provided (Keras 3), see :func:`_no_averaged_gradients`."""
     raise _no_averaged_gradients("get_gradients")
 
 
@@ -221,13 +316,17 @@ def _distributed_class(base: Any) -> Any:
             "register_local_var": lambda self, var: self._hvd_reducer.register_local_var(var),
             "_agg_helper": property(_agg_helper)}
     if not issubclass(base, tf.compat.v1.train.Optimizer):  # Keras, as Horovod's wrapper
-        body["_compute_gradients"] = _compute_gradients
+        body["_compute_gradients"] = _compute_gradients_of(base)
         # Horovod's public ones too, where the optimizer lacks them (Keras 3); where it
         # has them they give this rank's gradients, and apply_gradients() averages.
-        for name, refusal in (("compute_gradients", _refused_compute_gradients),
-                              ("get_gradients", _refused_get_gradients)):
-            if not hasattr(base, name):
-                body[name] = refusal
+        if not hasattr(base, "compute_gradients"):
+            def compute_gradients(self: Any, loss: Any, var_list: Any,
+                                  tape: Any = None) -> list[tuple[Any, Any]]:
+                """Horovod's: ``_compute_gradients`` (reduced gradients)."""
+                return self._compute_gradients(loss, var_list, None, tape)
+            body["compute_gradients"] = compute_gradients
+        if not hasattr(base, "get_gradients"):
+            body["get_gradients"] = _refused_get_gradients
         if hasattr(base, "_compute_gradients"):  # tf_keras' legacy ones minimize() with it
             def minimize(self: Any, loss: Any, var_list: Any, grad_loss: Any = None,
                          name: str | None = None, tape: Any = None) -> Any:
@@ -281,6 +380,8 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None, use_locking: b
     """
     if int(backward_passes_per_step) < 1:
         raise ValueError("backward_passes_per_step must be at least 1")
+    if ops.resolve_op(op, None) == Adasum and average_aggregated_gradients:
+        raise ValueError("Adasum does not support average_aggregated_gradients == True")
     reducer = GradientReducer(compression, sparse_as_dense, op, gradient_predivide_factor,
                               num_groups, groups, process_set, scale_local_gradients)
     if getattr(optimizer, "_hvd_distributed", False):

@@ -82,7 +82,7 @@ def _comm() -> "ResilientComm":
 
 def resolve_op(op: int | None, average: bool | None, default: int = Average) -> ReduceOp:
     """The ReduceOp meant by ``op=`` or the deprecated ``average=`` (``default`` if
-    neither); Adasum raises NotImplementedError."""
+    neither)."""
     if op is not None and average is not None:
         raise ValueError("give either op= or the deprecated average=, not both")
     if op is None:

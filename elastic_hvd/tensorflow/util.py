@@ -42,7 +42,7 @@ def _cache(f: Callable[..., Any]) -> Callable[..., Any]:
 def handle_average_backwards_compatibility(op: int | None, average: bool | None,
                                            default: int = Average) -> ReduceOp:
     """The reduce op meant by an ``op=``/deprecated ``average=`` pair (``default`` if
-    neither); both given raises ValueError, Adasum NotImplementedError."""
+    neither); both given raises ValueError."""
     return resolve_op(op, average, default)
 
 
