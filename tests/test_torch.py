@@ -1,0 +1,121 @@
+"""The PyTorch front end (elastic_hvd.torch) in real jobs, launched as a Horovod user
+launches an unchanged script (``elastic-hvd-run --as-horovod``; ``import horovod.torch``).
+
+* every collective's values, gradients and the broadcasts of a model and its optimizer
+  state on 2 ranks;
+* training on 3 ranks, one SIGKILLed from outside at a moment no hook chose (rank 1, then
+  rank 0): the survivors finish every step, their parameters are identical after every
+  step, the two counters of tests/workers/torch_job.py say that every committed step
+  was applied once with one membership, and the launcher exits with status 0.
+"""
+
+import os
+import random
+import signal
+import time
+
+import pytest
+
+pytest.importorskip("torch")
+
+from mpijob import assert_same_weights_every_step, job_processes, proc_entries, run_job, until  # noqa: E402
+
+pytestmark = pytest.mark.multirank
+AS_HOROVOD = ("--as-horovod",)
+
+
+def test_collectives_values_and_gradients_on_two_ranks(tmp_path):
+    job = run_job("torch_job.py", "collectives", np=2, tmp_path=tmp_path, timeout=240,
+                  launcher=AS_HOROVOD)
+    assert sorted(job.results) == [0, 1], job.output[-3000:]
+    got = [job.results[r]["got"] for r in (0, 1)]
+    for r, g in enumerate(got):
+        assert g["average"] == [[1.5] * 3] * 2 and g["sum"] == [[3.0] * 3] * 2
+        assert g["max_int"] == [1, 10]
+        assert g["scaled"] == [[3.0] * 3] * 2  # (1*2 + 2*2) * 0.5
+        for name in ("half", "bf16", "fp16_compressed"):
+            assert g[name] == [[3.0] * 3] * 2, name
+        assert g["strided"] == [[2 * c + 1 + 8 * k for k in range(3)] for c in range(4)]
+        assert g["inplace"] == [[[3.0] * 3] * 2, True]
+        assert g["async"] == [True, [[3.0] * 3] * 2]
+        assert g["grouped"] == [[[3.0] * 3] * 2, [3.0] * 3, "torch.float64"]
+        assert g["grouped_inplace"] == [[[3.0] * 3] * 2, [[6.0] * 3] * 2]
+        assert g["allgather"] == [[0.0, 0.0], [1.0, 1.0], [1.0, 1.0]]
+        assert g["grouped_allgather"] == [[0.0, 1.0], [[0.0, 0.0], [10.0, 10.0]]]
+        assert g["broadcast"] == g["broadcast_"] == [1.0, 1.0]
+        assert g["broadcast_object"] == {"from": 1}
+        assert g["allgather_object"] == [["r", 0], ["r", 1]]
+        assert g["join"] in (0, 1) and g["join"] == got[0]["join"]
+        # Horovod's gradients: allreduce's is the allreduce of the gradients; allgather's
+        # the average of every rank's, this rank's rows; broadcast's the average at the root
+        assert g["allreduce_grad"] == [2.0 * (r + 1), 4.0 * (r + 1)]
+        assert g["allgather_grad"] == [1.0] * (r + 1)
+        assert g["broadcast_grad"] == ([1.0, 1.0] if r == 0 else [0.0, 0.0])
+        assert g["params"] == got[0]["params"] and g["lr"] == 0.1  # rank 0's model and options
+        assert g["zero_copy"] is True
+    assert got[0]["alltoall"] == [[0.0, 10.0], [1, 1]]
+    assert got[1]["alltoall"] == [[1.0, 2.0, 11.0, 12.0], [2, 2]]
+    assert got[0]["alltoall_even"] == [0.0, 1.0, 10.0, 11.0]
+    assert got[1]["alltoall_even"] == [2.0, 3.0, 12.0, 13.0]
+    assert got[0]["reducescatter"] == [[0.0, 3.0], [6.0, 9.0]]
+    assert got[1]["reducescatter"] == [[12.0, 15.0]]
+    assert "`import horovod` resolves to elastic_hvd" in job.output
+
+
+def _world_ranks(marker):
+    """``{MPI_COMM_WORLD rank: pid}`` of the job's Python ranks (run as_horovod)."""
+    ranks = {}
+    for pid in job_processes(marker):
+        if b"elastic_hvd.runner.as_horovod" not in proc_entries(pid, "cmdline"):
+            continue
+        rank = [e for e in proc_entries(pid, "environ") if e.startswith(b"OMPI_COMM_WORLD_RANK=")]
+        if rank:
+            ranks[int(rank[0].split(b"=")[1])] = pid
+    return ranks
+
+
+def _kill_after(victim, step, seed):
+    """A watcher: once some rank has committed ``step`` steps, SIGKILL world rank
+    ``victim`` a random moment later, by PID."""
+    def watch(out, marker):
+        def reached():
+            for name in os.listdir(out):
+                if name.startswith("steps") and name.endswith(".jsonl"):
+                    with open(out / name) as f:
+                        if sum(1 for _ in f) >= step:
+                            return True
+            return False
+        until(reached, 200, f"a rank committed {step} steps")
+        pids = until(lambda: _world_ranks(marker), 10, "the ranks' processes found")
+        time.sleep(random.Random(seed).uniform(0.0, 0.1))
+        os.kill(pids[victim], signal.SIGKILL)
+        (out / "victim").write_text(str(victim))
+    return watch
+
+
+STEPS = 60
+
+
+@pytest.mark.parametrize("victim", [1, 0], ids=["rank1", "rank0"])
+def test_training_survives_a_rank_killed_from_outside(tmp_path, victim):
+    job = run_job("torch_job.py", "train", STEPS, np=3, tmp_path=tmp_path, timeout=300,
+                  launcher=AS_HOROVOD, watcher=_kill_after(victim, 15, seed=victim))
+    out = job.out_dir
+    assert (out / "victim").exists(), job.output[-3000:]
+    survivors = sorted(job.results)
+    assert survivors == sorted({0, 1, 2} - {victim}), job.output[-3000:]
+    assert_same_weights_every_step(out)
+    for i in survivors:
+        r = job.results[i]
+        assert r["steps"] == STEPS and r["size"] == 2
+        assert r["sizes"][0] == 3 and r["sizes"][-1] == 2
+    a, b = job.results[survivors[0]]["counter_a"], job.results[survivors[0]]["counter_b"]
+    assert a == b, "the two counters' collectives saw different memberships in a step"
+    for i in survivors:
+        assert a[i] == -STEPS, (i, a)
+    # the lost rank was in every step before it was lost and in none after
+    lost_in = -a[victim]
+    assert 15 <= lost_in < STEPS and lost_in == int(lost_in), a
+    sizes = job.results[survivors[0]]["sizes"]
+    assert sizes.count(3) in (lost_in, lost_in - 1, lost_in + 1), (sizes, lost_in)
+    assert "lost" in job.output  # the one-line announcement of the change

@@ -1,0 +1,162 @@
+"""PyTorch jobs for tests/test_torch.py, written as a Horovod user writes them
+(``import horovod.torch as hvd`` under ``--as-horovod``, else ``elastic_hvd.torch``).
+
+    python torch_job.py collectives      # every collective's values on 2 ranks
+    python torch_job.py train STEPS      # a training loop, a digest after every step
+
+``train``: a small conv net on generated data (each rank's batches a function of its
+original id and the step) plus two *counters*, vectors with one entry per original id,
+each in a group of its own (its own collective): a rank's loss adds its counter
+entries, so its gradient is 1 at its id, and with op=Sum and a learning rate of 1 every
+committed step subtracts exactly 1 from the entry of each rank it reduced.  At the end
+a survivor's entries are -STEPS and a lost rank's are minus the steps it was part of,
+alike in both counters: a step applied twice, lost, or mixing two memberships (one
+counter's collective with the lost rank, the other's without) shows.  This oracle reads
+what the optimizer applied, not the core's records.
+"""
+
+import hashlib
+import json
+import os
+import sys
+import time
+
+import torch
+
+import report
+
+try:  # under elastic-hvd-run --as-horovod (no Horovod is installed)
+    import horovod.torch as hvd
+except ImportError:
+    import elastic_hvd.torch as hvd
+from elastic_hvd.core import runtime  # noqa: E402
+
+OUT = os.environ["TEST_OUT_DIR"]
+
+
+def collectives():
+    hvd.init()
+    rank, size = hvd.rank(), hvd.size()
+    r = float(rank)
+    got = {}
+    x = torch.full((2, 3), r + 1)
+    got["average"] = hvd.allreduce(x).tolist()
+    got["sum"] = hvd.allreduce(x, op=hvd.Sum).tolist()
+    got["max_int"] = hvd.allreduce(torch.tensor([rank, 10 - rank]), op=hvd.Max).tolist()
+    got["scaled"] = hvd.allreduce(x, op=hvd.Sum, prescale_factor=2.0,
+                                  postscale_factor=0.5).tolist()
+    got["half"] = hvd.allreduce(x.half(), op=hvd.Sum).float().tolist()
+    got["bf16"] = hvd.allreduce(x.bfloat16(), op=hvd.Sum).float().tolist()
+    got["fp16_compressed"] = hvd.allreduce(x, op=hvd.Sum,
+                                           compression=hvd.Compression.fp16).tolist()
+    strided = torch.arange(12.).reshape(3, 4).t()  # not contiguous
+    got["strided"] = hvd.allreduce(strided + r, op=hvd.Sum).tolist()
+    inplace = x.clone()
+    same = hvd.allreduce_(inplace, op=hvd.Sum)
+    got["inplace"] = [inplace.tolist(), same is inplace]
+    handle = hvd.allreduce_async(x, op=hvd.Sum)
+    got["async"] = [hvd.poll(handle), hvd.synchronize(handle).tolist()]
+    group = hvd.grouped_allreduce([x, torch.ones(3, dtype=torch.float64) * (r + 1)], op=hvd.Sum)
+    got["grouped"] = [t.tolist() for t in group] + [str(group[1].dtype)]
+    ys = [x.clone(), x.clone() * 2]
+    hvd.synchronize(hvd.grouped_allreduce_async_(ys, op=hvd.Sum))
+    got["grouped_inplace"] = [t.tolist() for t in ys]
+    got["allgather"] = hvd.allgather(torch.full((rank + 1, 2), r)).tolist()
+    got["grouped_allgather"] = [t.tolist() for t in hvd.grouped_allgather(
+        [torch.tensor([r]), torch.full((1, 2), r * 10)])]
+    got["broadcast"] = hvd.broadcast(torch.tensor([r, r]), root_rank=1).tolist()
+    b = torch.tensor([r, r])
+    hvd.broadcast_(b, root_rank=1)
+    got["broadcast_"] = b.tolist()
+    received, splits = hvd.alltoall(torch.arange(3.) + 10 * r, splits=torch.tensor([1, 2]))
+    got["alltoall"] = [received.tolist(), splits.tolist()]
+    got["alltoall_even"] = hvd.alltoall(torch.arange(4.) + 10 * r).tolist()
+    got["reducescatter"] = hvd.reducescatter(torch.arange(6.).reshape(3, 2) * (r + 1),
+                                             op=hvd.Sum).tolist()
+    got["broadcast_object"] = hvd.broadcast_object({"from": rank}, root_rank=1)
+    got["allgather_object"] = hvd.allgather_object(("r", rank))
+    got["join"] = hvd.join()
+    hvd.barrier()
+    # gradients through the collectives, as Horovod's
+    leaf = torch.ones(2, requires_grad=True)
+    (hvd.allreduce(leaf * (r + 1), op=hvd.Sum) * torch.tensor([1., 2.])).sum().backward()
+    got["allreduce_grad"] = leaf.grad.tolist()
+    leaf = torch.ones(rank + 1, requires_grad=True)
+    hvd.allgather(leaf).sum().backward()
+    got["allgather_grad"] = leaf.grad.tolist()
+    leaf = torch.ones(2, requires_grad=True)
+    hvd.broadcast(leaf, root_rank=0).sum().backward()
+    got["broadcast_grad"] = leaf.grad.tolist()
+    # a model and its optimizer state from rank 0
+    torch.manual_seed(rank)
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1 * (rank + 1), momentum=0.9)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    got["params"] = [p.tolist() for p in model.parameters()]
+    got["lr"] = opt.param_groups[0]["lr"]
+    # zero-copy: the array the core is given shares the tensor's memory
+    from elastic_hvd.torch.mpi_ops import to_numpy
+    t = torch.zeros(4)
+    got["zero_copy"] = to_numpy(t).ctypes.data == t.data_ptr()
+    report.write(runtime.current().original_id, rank=rank, size=size, got=got)
+
+
+class Net(torch.nn.Module):
+    def __init__(self, ids):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(1, 4, 3)
+        self.fc = torch.nn.Linear(4 * 6 * 6, 3)
+        self.counter_a = torch.nn.Parameter(torch.zeros(ids))
+        self.counter_b = torch.nn.Parameter(torch.zeros(ids))
+
+    def forward(self, x):
+        return self.fc(torch.relu(self.conv(x)).flatten(1))
+
+
+def digest(model):
+    h = hashlib.sha256()
+    for p in model.parameters():
+        h.update(p.detach().numpy().tobytes())
+    return h.hexdigest()
+
+
+def train(steps):
+    hvd.init()
+    me = runtime.current().original_id
+    torch.manual_seed(1234 + me)  # different initial weights: the broadcast must fix them
+    model = Net(hvd.size())
+    counters = [model.counter_a, model.counter_b]
+    body = [p for n, p in model.named_parameters() if not n.startswith("counter")]
+    opt = torch.optim.SGD([{"params": body, "lr": 0.01}, {"params": counters, "lr": 1.0}])
+    opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(), op=hvd.Sum,
+                                   groups=[[model.counter_a], [model.counter_b]])
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    path = os.path.join(OUT, f"steps{me}.jsonl")
+    sizes = []
+    for step in range(steps):
+        g = torch.Generator().manual_seed(me * 100003 + step)
+        x = torch.randn(8, 1, 8, 8, generator=g)
+        y = torch.randint(0, 3, (8,), generator=g)
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(x), y) \
+            + model.counter_a[me] + model.counter_b[me]
+        loss.backward()
+        opt.step()
+        sizes.append(hvd.size())
+        with open(path, "a") as f:
+            f.write(json.dumps({"step": runtime.session().step, "epoch": 0, "batch": step,
+                                "digest": digest(model), "size": hvd.size(),
+                                "time": time.time()}) + "\n")
+        time.sleep(0.02)
+    report.write(me, rank=hvd.rank(), size=hvd.size(), steps=runtime.session().step,
+                 counter_a=model.counter_a.tolist(), counter_b=model.counter_b.tolist(),
+                 sizes=sizes)
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "collectives":
+        collectives()
+    else:
+        train(int(sys.argv[2]))
