@@ -101,3 +101,41 @@ def test_rank_killed_inside_adasum_survivors_reduce_among_themselves(tmp_path):
     assert all(np.array_equal(results[0], other) for other in results[1:]), \
         "survivors disagree"
     assert close(results[0], want, "float32")
+
+
+def _tf_tensor(rank, k, shape):
+    """As tests/workers/tf_adasum.py makes it."""
+    return np.random.default_rng(50 * (rank + 1) + k).normal(size=shape).astype(np.float32)
+
+
+def test_tensorflow_adasum_and_the_keras_gradient_helpers(tmp_path):
+    n = 2
+    job = run_job("tf_adasum.py", np=n, tmp_path=tmp_path, timeout=150)
+    assert sorted(job.results) == list(range(n)), job.output[-3000:]
+
+    def want(k, shape):
+        return reference([_tf_tensor(r, k, shape).astype(np.float64).reshape(-1)
+                          for r in range(n)]).reshape(shape)
+
+    total = n * (n + 1) / 2  # Sum over ranks of (rank + 1)
+    for rank, res in job.results.items():
+        for key in ("allreduce", "allreduce_fn"):
+            assert close(np.array(res[key]), want(0, (3, 4)), "float32"), (rank, key)
+        assert close(np.array(res["grouped"][0]), want(1, (5,)), "float32")
+        assert close(np.array(res["grouped"][1]), want(2, (2, 3)), "float32")
+        assert close(np.array(res["tape"]), want(3, (6,)), "float32")
+        assert close(np.array(res["optimizer"]), -want(3, (6,)), "float32")
+        assert [name for name, _ in res["refusals"]] == \
+            ["sparse", "average_aggregated", "reducescatter"], res["refusals"]
+        assert "does not currently support sparse tensors" in res["refusals"][0][1]
+        assert "average_aggregated_gradients" in res["refusals"][1][1]
+        # _compute_gradients: reduced once (a second Sum would multiply by n), the
+        # local variable's gradient divided by the size once
+        assert res["computed"] == [[total] * 2, [(rank + 1) / n] * 2]
+        assert res["applied"] == [[-total] * 2, [-(rank + 1) / n] * 2]
+        assert res["helper_none"]
+        assert res["passes"] == [
+            {"grad": [rank + 1.0] * 2, "u": [0.0, 0.0], "counter": 1, "iterations": 1},
+            {"grad": [2 * total] * 2, "u": [-2 * total] * 2, "counter": 0, "iterations": 2},
+            {"grad": [rank + 1.0] * 2, "u": [-2 * total] * 2, "counter": 1, "iterations": 3},
+        ], res["passes"]
