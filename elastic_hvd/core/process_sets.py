@@ -44,7 +44,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from . import faults
+from . import faults, mpi_env, workarounds
 from .collectives import CollectivesMixin
 from .errors import ElasticHvdError, MismatchError, RemoteCollectiveError
 from .freshness import OUTCOME_MASK, Stamps
@@ -94,12 +94,14 @@ class EmptiedProcessSetError(ElasticHvdError):
 class SetEvent:
     """One change of a set's live members, as this process saw it: ``during`` is
     ``"set repair"`` (its own collective met the loss) or ``"global repair"`` (derived
-    again after the global membership changed)."""
+    again after the global membership changed); ``repair_s``: a set repair's revoke +
+    shrink + settle."""
     set_id: int
     old_size: int
     new_size: int
     lost: tuple[int, ...] = ()
     during: str = ""
+    repair_s: float = 0.0
     wall_time: float = dataclasses.field(default_factory=time.time)
 
 
@@ -125,13 +127,15 @@ class _Entry:
         self.stamps = Stamps()
         self.verify_next = False
 
-    def settle_on(self, mpi_comm: Any, live: Sequence[int], during: str) -> None:
+    def settle_on(self, mpi_comm: Any, live: Sequence[int], during: str,
+                  repair_s: float = 0.0) -> None:
         """``mpi_comm`` (None for a non-member) is the set's communicator now, ``live``
         its members; record a change of ``live``."""
         live = tuple(live)
         if live != self.live and during != "registration":
             lost = tuple(i for i in self.live if i not in live)
-            self.events.append(SetEvent(self.set_id, len(self.live), len(live), lost, during))
+            self.events.append(SetEvent(self.set_id, len(self.live), len(live), lost, during,
+                                        repair_s))
             self.generation += 1
         self.mpi_comm, self.live = mpi_comm, live
         self.stamps.renew()
@@ -413,10 +417,20 @@ def remove(comm: Any, registry: Registry, set_id: int) -> bool:
 
 @contextlib.contextmanager
 def _paused(comm: Any) -> Iterator[None]:
-    """The progress loop paused while this process is in MPI, as comm.py's collectives
-    pause it (docs/openmpi-quirks.md: the agreement is not safe beside it)."""
+    """In MPI as comm.py's collectives are (its ``_in_mpi``): the progress loop paused
+    (docs/openmpi-quirks.md: the agreement is not safe beside it), and an exception
+    that Python raises between two steps of the protocol (SystemExit, KeyboardInterrupt)
+    ends this process as a crash, which the other members repair, instead of leaving
+    them one step apart (workarounds.TABLE 'interrupted_protocol_crash')."""
     with getattr(comm, "_heartbeat", None) or contextlib.nullcontext():
-        yield
+        try:
+            yield
+        except BaseException as exc:
+            if not isinstance(exc, Exception):
+                workarounds.used("interrupted_protocol_crash")
+                mpi_env.end_as_crash(f"original rank {comm.original_id} was interrupted by "
+                                     f"{type(exc).__name__} inside a process set's protocol")
+            raise
 
 
 def _wait(request: Any, timeout: float) -> bool:
@@ -438,11 +452,12 @@ class SetComm(CollectivesMixin):
     ``ids``, ``rank`` and ``size`` are the set's (ranks *within* the set: a broadcast's
     ``root_rank`` here is a set rank; the TF layer translates Horovod's global one).
     ``retries`` counts the transactions this object ran again (after a repair of the set,
-    or a slow path that found the members at different calls)."""
+    or a slow path that found the members at different calls), ``why`` says why each."""
 
     def __init__(self, comm: Any, registry: Registry, set_id: int) -> None:
         self.comm, self.registry, self.set_id = comm, registry, set_id
         self.retries = 0
+        self.why: list[str] = []
 
     # -- membership -----------------------------------------------------------------
     @property
@@ -519,6 +534,7 @@ class SetComm(CollectivesMixin):
                     if not self._checked(entry, mpi, position, signature):
                         return None
                     if entry.mpi_comm is not mpi:
+                        self.why.append("the slow path's exchange repaired the set")
                         return None
                 walk.passed(signature)
             try:
@@ -536,15 +552,19 @@ class SetComm(CollectivesMixin):
                 break
         agreed = self._agree(entry, mpi, flag | _POST)
         if agreed is None:
+            self.why.append(f"the agreement failed ({error!r} here)")
             self._repair(entry)
         elif agreed & _PRE or not agreed & _POST:
+            self.why.append("a member was on the slow path")
             self._mismatch(entry, position, calls[position][0])
         elif agreed & _OK:
             walk.commit()
             return results
         elif not agreed & _CLEAN:
+            self.why.append("an error no member holds")
             self._application_error(entry, error if not flag & _CLEAN else None)
         else:
+            self.why.append(f"a failure or revocation ({error!r} here)")
             self._repair(entry)
         return None
 
@@ -553,12 +573,17 @@ class SetComm(CollectivesMixin):
         is known to call ``signature`` at ``position``; False: try the transaction again."""
         pre = self._agree(entry, mpi, _OK | _CLEAN | _PRE, self.comm.mismatch_timeout)
         if pre is None:
+            self.why.append("the slow path's agreement failed")
             self._repair(entry)
             return False
         if pre & _POST or not pre & _PRE:
+            self.why.append("the slow path met a member past its transfer")
             self._mismatch(entry, position, signature)
             return False
-        return self._same_calls(position, signature)
+        if self._same_calls(position, signature):
+            return True
+        self.why.append("the members stopped at different calls")
+        return False
 
     def _same_calls(self, position: int, signature: Any) -> bool:
         calls = self.run(None, lambda c: c.allgather((position, signature)))
@@ -629,6 +654,7 @@ class SetComm(CollectivesMixin):
         """The set's own repair (its members only): revoke, shrink to the survivors,
         settle; a loss is recorded in the set's events and grows its generation."""
         MPI, old, old_live = self.MPI, entry.mpi_comm, entry.live
+        started = time.perf_counter()
         self.comm.revoke(old)
         try:
             new = old.Shrink()
@@ -642,7 +668,7 @@ class SetComm(CollectivesMixin):
         live = [old_live[p] for p in positions]
         if len(live) == len(old_live):
             entry.verify_next = True
-        entry.settle_on(new, live, "set repair")
+        entry.settle_on(new, live, "set repair", time.perf_counter() - started)
 
 
 def consistent(sets: Sequence[Any], attempt: Callable[[], _T]) -> _T:

@@ -30,11 +30,13 @@ def common(comm, registry):
                 ids_and_ranks={str(k): v for k, v in registry.ids_and_ranks(comm).items()})
 
 
-def kill_in_set(comm, mib="16", calls_a="3", calls_b="8"):
+def kill_in_set(comm, mib="16", calls_a="5", calls_b="10"):
     """Sets A = ranks {0, 1} and B = {2, 3}; the fault plan kills rank 1 inside A's
-    allreduce (its collective 2).  B's members reduce meanwhile; then every survivor
-    calls a global allreduce (the global repair and the sets' derivation), then one
-    more allreduce on its set, on the derived communicator."""
+    allreduce (its collective 4: the first that the call history predicts, so that it
+    goes straight to the transfer; the first three take the slow path).  B's members
+    reduce meanwhile; then every survivor calls a global allreduce (the global repair
+    and the sets' derivation), then one more allreduce on its set, on the derived
+    communicator."""
     registry = ps.Registry()
     ps.watch(comm, registry)
     ids = ps.register(comm, registry, [[0, 1], [2, 3]])
@@ -50,13 +52,13 @@ def kill_in_set(comm, mib="16", calls_a="3", calls_b="8"):
         windows.append([started, time.time()])
     live_in_set = list(sc.ids)
     exact_in_set = bool(np.array_equal(result, sum(contribution(i, count) for i in live_in_set)))
-    retries_in_set = sc.retries
+    retries_in_set, why = sc.retries, list(sc.why)
     total = comm.allreduce(contribution(comm.original_id, 1024))
     exact_global = bool(np.array_equal(total, sum(contribution(i, 1024) for i in comm.ids)))
     again = sc.allreduce(x)
     exact_again = bool(np.array_equal(again, sum(contribution(i, count) for i in sc.ids)))
     report.write(comm.original_id, **common(comm, registry), set_ids=ids, mine=mine,
-                 calls=calls, retries_in_set=retries_in_set, live_in_set=live_in_set,
+                 calls=calls, retries_in_set=retries_in_set, why=why, live_in_set=live_in_set,
                  exact_in_set=exact_in_set, exact_global=exact_global, exact_again=exact_again,
                  windows=windows,
                  events={str(i): [[e.during, e.old_size, e.new_size, list(e.lost), e.wall_time]
