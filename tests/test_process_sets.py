@@ -176,7 +176,7 @@ def test_a_member_killed_inside_a_sets_allreduce_a_disjoint_set_finishes_untouch
     a = job.results[0]
     # A's survivor ran the interrupted call again, alone, at once (its own repair) ...
     assert a["live_in_set"] == [0] and a["retries_in_set"] == 1, a["why"]
-    [(during, old, new, lost, repaired)] = a["events"]["1"]
+    [(during, old, new, lost, repaired, _)] = a["events"]["1"]
     assert (during, old, new, lost) == ("set repair", 2, 1, [1])
     start, end = a["windows"][3]
     assert start <= repaired <= end, "the kill did not land inside A's fourth allreduce"

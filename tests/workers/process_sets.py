@@ -61,8 +61,8 @@ def kill_in_set(comm, mib="16", calls_a="5", calls_b="10"):
                  calls=calls, retries_in_set=retries_in_set, why=why, live_in_set=live_in_set,
                  exact_in_set=exact_in_set, exact_global=exact_global, exact_again=exact_again,
                  windows=windows,
-                 events={str(i): [[e.during, e.old_size, e.new_size, list(e.lost), e.wall_time]
-                                  for e in registry.events(i)] for i in ids},
+                 events={str(i): [[e.during, e.old_size, e.new_size, list(e.lost), e.wall_time,
+                                   e.repair_s] for e in registry.events(i)] for i in ids},
                  sizes={str(i): registry.size(comm, i) for i in ids},
                  included={str(i): registry.included(comm, i) for i in ids})
 
