@@ -2,7 +2,8 @@
 launches an unchanged script (``elastic-hvd-run --as-horovod``; ``import horovod.torch``).
 
 * every collective's values, gradients and the broadcasts of a model and its optimizer
-  state on 2 ranks;
+  state on 2 ranks, and DistributedOptimizer's reduced gradients (backward passes,
+  groups, sparse, fp16, predivide) against the average of every rank's local ones;
 * training on 3 ranks, one SIGKILLed from outside at a moment no hook chose (rank 1, then
   rank 0): the survivors finish every step, their parameters are identical after every
   step, the two counters of tests/workers/torch_job.py say that every committed step
@@ -53,6 +54,12 @@ def test_collectives_values_and_gradients_on_two_ranks(tmp_path):
         assert g["broadcast_grad"] == ([1.0, 1.0] if r == 0 else [0.0, 0.0])
         assert g["params"] == got[0]["params"] and g["lr"] == 0.1  # rank 0's model and options
         assert g["zero_copy"] is True
+        checks = g["optimizer"]  # DistributedOptimizer's gradients == every rank's average
+        for case in ("plain", "passes2", "groups2", "sparse", "sparse_as_dense", "fp16",
+                     "predivide"):
+            assert checks[case] is True, (case, checks)
+        assert checks["zero_grad_error"].startswith("optimizer.zero_grad() was called after")
+        assert checks["passes_error"].startswith("Gradients were computed more than")
     assert got[0]["alltoall"] == [[0.0, 10.0], [1, 1]]
     assert got[1]["alltoall"] == [[1.0, 2.0, 11.0, 12.0], [2, 2]]
     assert got[0]["alltoall_even"] == [0.0, 1.0, 10.0, 11.0]

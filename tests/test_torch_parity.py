@@ -10,6 +10,7 @@ of them exists, so the list shrinks with the work.  No MPI here: single-process 
 
 import importlib
 import inspect
+import subprocess
 import sys
 
 import pytest
@@ -143,3 +144,13 @@ def test_calls_before_init_raise_a_clear_error():
         pytest.skip("initialized by another test in this process")
     with pytest.raises(NotInitializedError, match="hvd.init"):
         hvd.allreduce(torch.ones(2))
+
+
+def test_the_torch_layer_imports_no_tensorflow():
+    """The core has no TensorFlow in it: the torch front end runs without it."""
+    code = ("import sys, elastic_hvd.torch, elastic_hvd.torch.optimizer; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+            "('tensorflow', 'keras', 'tf_keras', 'keras_callbacks')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, check=True).stdout
+    assert out.strip() == "[]", out

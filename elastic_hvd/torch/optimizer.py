@@ -198,7 +198,7 @@ class _DistributedOptimizer:
                     continue
                 gathered = torch.sparse_coo_tensor(
                     torch.from_numpy(np.ascontiguousarray(indices)).transpose(0, 1),
-                    to_tensor(values, sparse_grad), sparse_grad.size())
+                    to_tensor(values, sparse_grad), sparse_grad.size(), check_invariants=False)
                 sparse_grad.zero_().add_(gathered.to(sparse_grad.device))
         for p in self._hvd_delay:
             self._hvd_delay[p] = self.backward_passes_per_step

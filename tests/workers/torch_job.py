@@ -95,11 +95,81 @@ def collectives():
     hvd.broadcast_optimizer_state(opt, root_rank=0)
     got["params"] = [p.tolist() for p in model.parameters()]
     got["lr"] = opt.param_groups[0]["lr"]
+    got["optimizer"] = optimizer_checks(rank, size)
     # zero-copy: the array the core is given shares the tensor's memory
     from elastic_hvd.torch.mpi_ops import to_numpy
     t = torch.zeros(4)
     got["zero_copy"] = to_numpy(t).ctypes.data == t.data_ptr()
     report.write(runtime.current().original_id, rank=rank, size=size, got=got)
+
+
+def _batch(r, k):
+    g = torch.Generator().manual_seed(1000 * r + k)
+    return torch.randint(0, 10, (4,), generator=g), torch.randn(4, 3, generator=g)
+
+
+class Small(torch.nn.Module):
+    """An embedding (sparse gradients or not) and a linear layer."""
+
+    def __init__(self, sparse):
+        super().__init__()
+        torch.manual_seed(7)
+        self.emb = torch.nn.Embedding(10, 3, sparse=sparse)
+        self.fc = torch.nn.Linear(3, 1)
+
+    def forward(self, ids, x):
+        return (self.fc(self.emb(ids) + x) ** 2).sum()
+
+
+def _local_grads(sparse, r, passes):
+    model = Small(sparse)
+    for k in range(passes):
+        model(*_batch(r, k)).backward()
+    return [p.grad.to_dense() for p in model.parameters()]
+
+
+def optimizer_checks(rank, size):
+    """DistributedOptimizer's gradients against the average of every rank's local
+    gradients, computed here without collectives; Horovod's errors."""
+    results = {}
+    cases = {"plain": ({}, False, 1), "passes2": ({"backward_passes_per_step": 2}, False, 2),
+             "groups2": ({"groups": 2}, False, 1), "sparse": ({}, True, 1),
+             "sparse_as_dense": ({"sparse_as_dense": True}, True, 1),
+             "fp16": ({"compression": hvd.Compression.fp16}, False, 1),
+             "predivide": ({"gradient_predivide_factor": 2.0}, False, 1)}
+    for name, (kwargs, sparse, passes) in cases.items():
+        model = Small(sparse)
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.0),
+                                       named_parameters=model.named_parameters(), **kwargs)
+        for k in range(passes):
+            model(*_batch(rank, k)).backward()
+        opt.synchronize()
+        expected = [sum(gs) / size for gs in zip(*[_local_grads(sparse, r, passes)
+                                                    for r in range(size)])]
+        tol = 1e-2 if name == "fp16" else 1e-5
+        results[name] = all(torch.allclose(p.grad.to_dense(), e, atol=tol)
+                            for p, e in zip(model.parameters(), expected))
+        with opt.skip_synchronize():
+            opt.step()
+    model = Small(False)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters())
+    model(*_batch(rank, 0)).backward()
+    try:
+        opt.zero_grad()
+        results["zero_grad_error"] = None
+    except AssertionError as exc:
+        results["zero_grad_error"] = str(exc)[:40]
+    opt.step()
+    model(*_batch(rank, 0)).backward()
+    try:
+        model(*_batch(rank, 1)).backward()
+        results["passes_error"] = None
+    except AssertionError as exc:  # (raised by the hook, through autograd)
+        results["passes_error"] = str(exc)[:40]
+    except RuntimeError as exc:
+        results["passes_error"] = str(exc)[:200]
+    return results
 
 
 class Net(torch.nn.Module):
