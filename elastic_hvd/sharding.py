@@ -23,6 +23,7 @@ fails after its commit (in the optimizer's update itself) is not redone.
 """
 
 import collections
+import itertools
 from collections.abc import Collection, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +34,25 @@ from .core import announce, runtime
 if TYPE_CHECKING:
     from .core.comm import ResilientComm
     from .core.membership import MembershipEvent
+
+
+def _split(take: list[int], ids: tuple[int, ...]) -> dict[int, list[int]]:
+    """A step's ``take`` split over the ranks ``ids`` in their order, as evenly as can be."""
+    base, extra = divmod(len(take), len(ids))
+    slices, start = {}, 0
+    for position, original_id in enumerate(ids):
+        count = base + (1 if position < extra else 0)
+        slices[original_id] = take[start:start + count]
+        start += count
+    return slices
+
+
+def _mine(take: list[int], mine: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """A rank's ``(ids, weights)`` of a step; one weightless sample if it has none (more
+    ranks than samples left)."""
+    if not mine:
+        return np.array([take[0]]), np.zeros(1, dtype=np.float32)
+    return np.array(mine), np.ones(len(mine), dtype=np.float32)
 
 
 class ElasticSampler:
@@ -81,19 +101,27 @@ class ElasticSampler:
         ids = self.comm.ids
         take = [self.queue.popleft() for _ in range(min(len(self.queue),
                                                         len(ids) * self.batch_size))]
-        base, extra = divmod(len(take), len(ids))
-        slices, start = {}, 0
-        for position, original_id in enumerate(ids):
-            count = base + (1 if position < extra else 0)
-            slices[original_id] = take[start:start + count]
-            start += count
+        slices = _split(take, ids)
         for original_id, taken in slices.items():
             self._pending.setdefault(original_id, []).extend(taken)
         self.step += 1
-        mine = slices[self.comm.original_id]  # type: ignore[index]  # None: not joined yet
-        if not mine:  # more ranks than samples left: one weightless sample
-            return np.array([take[0]]), np.zeros(1, dtype=np.float32)
-        return np.array(mine), np.ones(len(mine), dtype=np.float32)
+        return _mine(take, slices[self.comm.original_id])  # type: ignore[index]
+
+    def upcoming(self, steps: int) -> list[tuple[np.ndarray, np.ndarray]]:
+        """What ``next_batch()`` will return on this rank in the next ``steps`` steps of
+        this epoch if the membership and the batch size stay as they are now; draws
+        nothing.  A work-ahead loads these early: whatever happens to the membership,
+        the draws themselves decide what is trained (a change makes the next draws
+        differ from this, and the early loads are thrown away), so looking ahead
+        cannot break exactly-once."""
+        ids, me = self.comm.ids, self.comm.original_id
+        if me is None or me not in ids:
+            return []
+        per_step = len(ids) * self.batch_size
+        head = list(itertools.islice(self.queue, steps * per_step))
+        return [_mine(take, _split(take, ids)[me])
+                for take in (head[start:start + per_step]
+                             for start in range(0, len(head), per_step))]
 
     def _announced(self, event: "MembershipEvent") -> str:
         """What the data does about a membership change, for the line on the console."""
