@@ -320,11 +320,11 @@ def _distributed_class(base: Any) -> Any:
         # Horovod's public ones too, where the optimizer lacks them (Keras 3); where it
         # has them they give this rank's gradients, and apply_gradients() averages.
         if not hasattr(base, "compute_gradients"):
-            def compute_gradients(self: Any, loss: Any, var_list: Any,
+            def reduced_gradients(self: Any, loss: Any, var_list: Any,
                                   tape: Any = None) -> list[tuple[Any, Any]]:
                 """Horovod's: ``_compute_gradients`` (reduced gradients)."""
                 return self._compute_gradients(loss, var_list, None, tape)
-            body["compute_gradients"] = compute_gradients
+            body["compute_gradients"] = reduced_gradients
         if not hasattr(base, "get_gradients"):
             body["get_gradients"] = _refused_get_gradients
         if hasattr(base, "_compute_gradients"):  # tf_keras' legacy ones minimize() with it
