@@ -192,6 +192,26 @@ def test_a_member_killed_inside_a_sets_allreduce_a_disjoint_set_finishes_untouch
 
 
 @pytest.mark.multirank
+def test_overlapping_sets_a_member_lost_in_one_while_another_waits_in_the_other(tmp_path):
+    # S = {0, 1}, T = {0, 2}: rank 2 SIGKILLed inside T's 4th allreduce while rank 1 waits
+    # for rank 0 in S's: T's survivor repairs T alone and goes on to S (no global repair
+    # from inside a set's collective, which would wait for rank 1 for ever).
+    job = run_job("process_sets.py", "overlap", "6", faults="rank=2,coll=4,delay=0.005",
+                  tmp_path=tmp_path)
+    assert sorted(job.results) == [0, 1, 3], job.output[-3000:]
+    zero = job.results[0]
+    assert zero["t_exact"] and zero["t_live"] == [0] and zero["t_retries"] == 1
+    assert zero["t_events"] == [["set repair", 2, 1, [2]]]
+    for rank in (0, 1):
+        assert job.results[rank]["s_exact"] and job.results[rank]["s_retries"] == 0
+    for r in job.results.values():
+        assert r["global_exact"] and r["global_events"] == [[2]] and r["s_events"] == []
+        assert r["ids_and_ranks"] == {"0": [0, 1, 2], "1": [0, 1], "2": [0]}
+    assert job.results[1]["t_events"] == job.results[3]["t_events"] == \
+        [["global repair", 2, 1, [2]]]
+
+
+@pytest.mark.multirank
 def test_a_set_emptied_by_losses_raises_and_dynamic_sets_are_agreed(tmp_path):
     job = run_job("process_sets.py", "emptied", faults="rank=1,coll=1", tmp_path=tmp_path)
     assert sorted(job.results) == [0, 2, 3], job.output[-3000:]

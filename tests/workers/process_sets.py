@@ -187,6 +187,33 @@ def static(comm):
                  rank_in_sub=registry.rank(comm, second[0]), size_of_0=registry.size(comm, 3))
 
 
+def overlap(comm, calls="6"):
+    """Overlapping sets S = {0, 1} and T = {0, 2}; rank 3 in neither.  Rank 0 reduces on T,
+    then on S; the plan kills rank 2 inside T's 4th allreduce while rank 1 waits for rank 0
+    in S's.  (A repair of the *global* communicator started from T's collective would wait
+    for rank 1 in its shrink while rank 1 waits for rank 0 in S: docs/process-sets.md.)"""
+    registry = ps.Registry()
+    ps.watch(comm, registry)
+    s, t = ps.register(comm, registry, [[0, 1], [0, 2]])
+    out = {}
+    x = contribution(comm.original_id, MIB)
+    if comm.original_id in (0, 2):
+        on_t = ps.SetComm(comm, registry, t)
+        for _ in range(int(calls)):
+            got = on_t.allreduce(x)
+        out["t_exact"] = bool(np.array_equal(got, sum(contribution(i, MIB) for i in on_t.ids)))
+        out["t_live"], out["t_retries"] = list(on_t.ids), on_t.retries
+    if comm.original_id in (0, 1):
+        on_s = ps.SetComm(comm, registry, s)
+        got = on_s.allreduce(x)
+        out["s_exact"] = bool(np.array_equal(got, sum(contribution(i, MIB) for i in (0, 1))))
+        out["s_retries"] = on_s.retries
+    total = comm.allreduce(contribution(comm.original_id, 16))
+    out["global_exact"] = bool(np.array_equal(total, sum(contribution(i, 16) for i in comm.ids)))
+    report.write(comm.original_id, **common(comm, registry), **out,
+                 t_events=set_events(registry, t), s_events=set_events(registry, s))
+
+
 def main():
     scenario, args = sys.argv[1], sys.argv[2:]
     comm = core.init()
