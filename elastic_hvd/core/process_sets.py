@@ -421,7 +421,14 @@ def _paused(comm: Any) -> Iterator[None]:
     (docs/openmpi-quirks.md: the agreement is not safe beside it), and an exception
     that Python raises between two steps of the protocol (SystemExit, KeyboardInterrupt)
     ends this process as a crash, which the other members repair, instead of leaving
-    them one step apart (workarounds.TABLE 'interrupted_protocol_crash')."""
+    them one step apart (workarounds.TABLE 'interrupted_protocol_crash').  The
+    communicator's own ``in_mpi()`` where it has one (helper A's refactoring makes
+    ``_in_mpi`` public); until then the same, from its heartbeat."""
+    in_mpi = getattr(comm, "in_mpi", None)
+    if in_mpi is not None:
+        with in_mpi():
+            yield
+        return
     with getattr(comm, "_heartbeat", None) or contextlib.nullcontext():
         try:
             yield
