@@ -44,6 +44,7 @@ ALIASES = {
     "horovod.keras.elastic": "elastic_hvd.keras.elastic",
     "horovod.torch": "elastic_hvd.torch",
     "horovod.torch.compression": "elastic_hvd.torch.compression",
+    "horovod.torch.elastic": "elastic_hvd.torch.elastic",
     "horovod.torch.functions": "elastic_hvd.torch.functions",
     "horovod.torch.mpi_ops": "elastic_hvd.torch.mpi_ops",
     "horovod.torch.optimizer": "elastic_hvd.torch.optimizer",

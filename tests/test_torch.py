@@ -4,8 +4,9 @@ launches an unchanged script (``elastic-hvd-run --as-horovod``; ``import horovod
 * every collective's values, gradients and the broadcasts of a model and its optimizer
   state on 2 ranks, and DistributedOptimizer's reduced gradients (backward passes,
   groups, sparse, fp16, predivide) against the average of every rank's local ones;
-* training on 3 ranks, one SIGKILLed from outside at a moment no hook chose (rank 1, then
-  rank 0): the survivors finish every step, their parameters are identical after every
+* training on 3 ranks, one SIGKILLed from outside at a moment no hook chose (rank 1 under
+  hvd.elastic.run with a TorchState and an ElasticSampler, then rank 0 in a plain loop):
+  the survivors finish every step, their parameters are identical after every
   step, the two counters of tests/workers/torch_job.py say that every committed step
   was applied once with one membership, and the launcher exits with status 0.
 """
@@ -60,6 +61,8 @@ def test_collectives_values_and_gradients_on_two_ranks(tmp_path):
             assert checks[case] is True, (case, checks)
         assert checks["zero_grad_error"].startswith("optimizer.zero_grad() was called after")
         assert checks["passes_error"].startswith("Gradients were computed more than")
+        assert g["sync_bn"] == {"output": True, "input_grad": True, "weight_grad": True,
+                                "running": True}, g["sync_bn"]
     assert got[0]["alltoall"] == [[0.0, 10.0], [1, 1]]
     assert got[1]["alltoall"] == [[1.0, 2.0, 11.0, 12.0], [2, 2]]
     assert got[0]["alltoall_even"] == [0.0, 1.0, 10.0, 11.0]
@@ -103,26 +106,36 @@ def _kill_after(victim, step, seed):
 STEPS = 60
 
 
-@pytest.mark.parametrize("victim", [1, 0], ids=["rank1", "rank0"])
-def test_training_survives_a_rank_killed_from_outside(tmp_path, victim):
-    job = run_job("torch_job.py", "train", STEPS, np=3, tmp_path=tmp_path, timeout=300,
+@pytest.mark.parametrize("victim,script", [(1, "elastic"), (0, "train")],
+                         ids=["rank1-elastic", "rank0-plain"])
+def test_training_survives_a_rank_killed_from_outside(tmp_path, victim, script):
+    """``train``: a plain loop of STEPS steps; ``elastic``: hvd.elastic.run with a
+    TorchState and an ElasticSampler, 3 epochs of 20 batches on 3 ranks."""
+    args = ("train", STEPS) if script == "train" else ("elastic", 3)
+    job = run_job("torch_job.py", *args, np=3, tmp_path=tmp_path, timeout=300,
                   launcher=AS_HOROVOD, watcher=_kill_after(victim, 15, seed=victim))
     out = job.out_dir
     assert (out / "victim").exists(), job.output[-3000:]
     survivors = sorted(job.results)
     assert survivors == sorted({0, 1, 2} - {victim}), job.output[-3000:]
     assert_same_weights_every_step(out)
+    steps = job.results[survivors[0]]["steps"]
     for i in survivors:
         r = job.results[i]
-        assert r["steps"] == STEPS and r["size"] == 2
+        assert r["steps"] == steps == len(r["sizes"]) and r["size"] == 2
         assert r["sizes"][0] == 3 and r["sizes"][-1] == 2
+    if script == "train":
+        assert steps == STEPS
+    else:  # the epoch the loss hit keeps its 20 batches; later ones are split over 2 ranks
+        per_epoch = job.results[survivors[0]]["batches_per_epoch"]
+        assert per_epoch[0] == 20 and per_epoch[-1] == 30 and steps == sum(per_epoch), per_epoch
     a, b = job.results[survivors[0]]["counter_a"], job.results[survivors[0]]["counter_b"]
     assert a == b, "the two counters' collectives saw different memberships in a step"
     for i in survivors:
-        assert a[i] == -STEPS, (i, a)
+        assert a[i] == -steps, (i, a)
     # the lost rank was in every step before it was lost and in none after
     lost_in = -a[victim]
-    assert 15 <= lost_in < STEPS and lost_in == int(lost_in), a
+    assert 15 <= lost_in < steps and lost_in == int(lost_in), a
     sizes = job.results[survivors[0]]["sizes"]
     assert sizes.count(3) in (lost_in, lost_in - 1, lost_in + 1), (sizes, lost_in)
     assert "lost" in job.output  # the one-line announcement of the change

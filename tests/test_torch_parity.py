@@ -4,8 +4,8 @@ positional calls work; elastic_hvd may add parameters after them), and so do the
 methods of its classes and of the optimizer its DistributedOptimizer returns.  The
 record is tests/horovod_torch_api_0_28_1.py (tests/dump_horovod_torch_api.py).
 
-The names issue 47 has not brought yet are listed in NOT_YET: the test fails once one
-of them exists, so the list shrinks with the work.  No MPI here: single-process checks.
+Names still to come would be listed in NOT_YET (the test fails once one of them exists,
+so the list shrinks with the work); none are now.  No MPI here: single-process checks.
 """
 
 import importlib
@@ -19,7 +19,8 @@ torch = pytest.importorskip("torch")
 
 from horovod_torch_api_0_28_1 import HOROVOD_TORCH_API, HOROVOD_TORCH_MEMBERS  # noqa: E402
 
-MODULES = {"horovod.torch": "elastic_hvd.torch", "horovod.torch.elastic": None}
+MODULES = {"horovod.torch": "elastic_hvd.torch",
+           "horovod.torch.elastic": "elastic_hvd.torch.elastic"}
 
 # Horovod's names that elastic_hvd deliberately lacks.
 NOT_PROVIDED = {
@@ -27,12 +28,9 @@ NOT_PROVIDED = {
         "checks that Horovod's compiled C extension was built; elastic_hvd has none",
 }
 
-# Horovod's names that issue 47 still has to bring (a module: all of its names).
-NOT_YET = {
-    ("horovod.torch", "elastic"): "hvd.elastic.run, TorchState, ElasticSampler",
-    ("horovod.torch", "SyncBatchNorm"): "SyncBatchNorm",
-    ("horovod.torch.elastic", None): "the whole module",
-}
+# Horovod's names that issue 47 still has to bring (a module: all of its names): none now.
+
+NOT_YET: dict = {}
 
 
 def _pending(module, name):
@@ -51,12 +49,10 @@ def test_every_horovod_torch_module_is_mapped_or_pending():
 
 
 def test_not_provided_and_pending_names_are_horovods_and_absent_here():
-    import elastic_hvd.torch as hvd
     for module, name in list(NOT_PROVIDED) + [k for k in NOT_YET if k[1] is not None]:
         assert name in HOROVOD_TORCH_API[module]
-        assert not hasattr(hvd, name), f"{name} exists now: take it off NOT_YET"
-    with pytest.raises(AttributeError, match="not provided by elastic_hvd.torch yet"):
-        hvd.elastic  # noqa: B018
+        ours = importlib.import_module(MODULES[module])
+        assert not hasattr(ours, name), f"{name} exists now: take it off NOT_YET"
 
 
 def _parameters(obj):

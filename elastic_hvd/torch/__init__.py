@@ -3,12 +3,8 @@
     import elastic_hvd.torch as hvd     # instead of: import horovod.torch as hvd
 
 Under ``elastic-hvd-run --as-horovod`` an unchanged ``import horovod.torch as hvd`` gives
-this module.  Not provided yet (issue 47): ``hvd.elastic`` (``elastic.run``,
-``TorchState``, ``ElasticSampler``) and ``SyncBatchNorm``; asking for them raises an
-error that says so.
+this module.
 """
-
-from typing import NoReturn
 
 from ..basics import (ccl_built, cross_rank, cross_size, cuda_built, ddl_built,  # noqa: F401
                       elastic_enabled, gloo_built, gloo_enabled, init, is_homogeneous,
@@ -30,16 +26,5 @@ from .mpi_ops import (HorovodInternalError, ProcessSet, add_process_set,  # noqa
                       reducescatter, reducescatter_async, remove_process_set,
                       sparse_allreduce_async, start_timeline, stop_timeline, synchronize)
 from .optimizer import DistributedOptimizer  # noqa: F401
-
-#: What issue 47 still has to bring, and what asking for it says.
-_NOT_YET = {
-    "elastic": "hvd.elastic (elastic.run, TorchState, ElasticSampler)",
-    "SyncBatchNorm": "hvd.SyncBatchNorm",
-}
-
-
-def __getattr__(name: str) -> NoReturn:
-    if name in _NOT_YET:
-        raise AttributeError(f"{_NOT_YET[name]} is not provided by elastic_hvd.torch yet "
-                             "(issue 47); the rest of horovod.torch is")
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+from .sync_batch_norm import SyncBatchNorm  # noqa: F401
+from . import elastic  # noqa: F401 (hvd.elastic)

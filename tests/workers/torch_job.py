@@ -3,6 +3,7 @@
 
     python torch_job.py collectives      # every collective's values on 2 ranks
     python torch_job.py train STEPS      # a training loop, a digest after every step
+    python torch_job.py elastic EPOCHS   # the same under hvd.elastic.run, an ElasticSampler
 
 ``train``: a small conv net on generated data (each rank's batches a function of its
 original id and the step) plus two *counters*, vectors with one entry per original id,
@@ -96,6 +97,7 @@ def collectives():
     got["params"] = [p.tolist() for p in model.parameters()]
     got["lr"] = opt.param_groups[0]["lr"]
     got["optimizer"] = optimizer_checks(rank, size)
+    got["sync_bn"] = sync_bn_checks(rank, size)
     # zero-copy: the array the core is given shares the tensor's memory
     from elastic_hvd.torch.mpi_ops import to_numpy
     t = torch.zeros(4)
@@ -172,6 +174,33 @@ def optimizer_checks(rank, size):
     return results
 
 
+def sync_bn_checks(rank, size):
+    """SyncBatchNorm on each rank's part == BatchNorm2d on the whole batch: outputs,
+    input gradients, parameter gradients (summed over ranks) and running statistics."""
+    g = torch.Generator().manual_seed(5)
+    whole = torch.randn(4 * size, 3, 5, 5, generator=g)
+    weights = torch.randn(4 * size, 3, 5, 5, generator=g)
+    mine = slice(4 * rank, 4 * rank + 4)
+    ref = torch.nn.BatchNorm2d(3)
+    x = whole.clone().requires_grad_()
+    (ref(x) * weights).sum().backward()
+    sync = hvd.SyncBatchNorm(3)
+    part = whole[mine].clone().requires_grad_()
+    out = sync(part)
+    (out * weights[mine]).sum().backward()
+    weight_grad = hvd.allreduce(sync.weight.grad, op=hvd.Sum)
+    def close(a, b):
+        return bool(torch.allclose(a, b, atol=1e-4))
+
+    expected = torch.nn.functional.batch_norm(whole, None, None, ref.weight, ref.bias,
+                                              training=True, eps=ref.eps).detach()
+    return {"output": close(out.detach(), expected[mine]),
+            "input_grad": close(part.grad, x.grad[mine]),
+            "weight_grad": close(weight_grad, ref.weight.grad),
+            "running": close(sync.running_mean, ref.running_mean)
+            and close(sync.running_var, ref.running_var)}
+
+
 class Net(torch.nn.Module):
     def __init__(self, ids):
         super().__init__()
@@ -191,7 +220,7 @@ def digest(model):
     return h.hexdigest()
 
 
-def train(steps):
+def _setup():
     hvd.init()
     me = runtime.current().original_id
     torch.manual_seed(1234 + me)  # different initial weights: the broadcast must fix them
@@ -201,32 +230,77 @@ def train(steps):
     opt = torch.optim.SGD([{"params": body, "lr": 0.01}, {"params": counters, "lr": 1.0}])
     opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(), op=hvd.Sum,
                                    groups=[[model.counter_a], [model.counter_b]])
+    return me, model, opt
+
+
+def _step(me, model, opt, x, y, sizes, batch, epoch=0):
+    opt.zero_grad()
+    loss = torch.nn.functional.cross_entropy(model(x), y) \
+        + model.counter_a[me] + model.counter_b[me]
+    loss.backward()
+    opt.step()
+    sizes.append(hvd.size())
+    with open(os.path.join(OUT, f"steps{me}.jsonl"), "a") as f:
+        f.write(json.dumps({"step": runtime.session().step, "epoch": epoch, "batch": batch,
+                            "digest": digest(model), "size": hvd.size(),
+                            "time": time.time()}) + "\n")
+    time.sleep(0.02)
+
+
+def _report(me, model, sizes, **more):
+    report.write(me, rank=hvd.rank(), size=hvd.size(), steps=runtime.session().step,
+                 counter_a=model.counter_a.tolist(), counter_b=model.counter_b.tolist(),
+                 sizes=sizes, **more)
+
+
+def train(steps):
+    """A plain Horovod loop: each rank's batches a function of its id and the step."""
+    me, model, opt = _setup()
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(opt, root_rank=0)
-    path = os.path.join(OUT, f"steps{me}.jsonl")
     sizes = []
     for step in range(steps):
         g = torch.Generator().manual_seed(me * 100003 + step)
         x = torch.randn(8, 1, 8, 8, generator=g)
         y = torch.randint(0, 3, (8,), generator=g)
-        opt.zero_grad()
-        loss = torch.nn.functional.cross_entropy(model(x), y) \
-            + model.counter_a[me] + model.counter_b[me]
-        loss.backward()
-        opt.step()
-        sizes.append(hvd.size())
-        with open(path, "a") as f:
-            f.write(json.dumps({"step": runtime.session().step, "epoch": 0, "batch": step,
-                                "digest": digest(model), "size": hvd.size(),
-                                "time": time.time()}) + "\n")
-        time.sleep(0.02)
-    report.write(me, rank=hvd.rank(), size=hvd.size(), steps=runtime.session().step,
-                 counter_a=model.counter_a.tolist(), counter_b=model.counter_b.tolist(),
-                 sizes=sizes)
+        _step(me, model, opt, x, y, sizes, step)
+    _report(me, model, sizes)
+
+
+def train_elastic(epochs):
+    """Horovod's elastic PyTorch idiom: hvd.elastic.run, TorchState with an
+    ElasticSampler feeding a DataLoader, record_batch, commit every few batches."""
+    me, model, opt = _setup()
+    g = torch.Generator().manual_seed(42)  # the same dataset on every rank
+    data = torch.utils.data.TensorDataset(torch.randn(480, 1, 8, 8, generator=g),
+                                          torch.randint(0, 3, (480,), generator=g))
+    sampler = hvd.elastic.ElasticSampler(data, shuffle=True, seed=3)
+    loader = torch.utils.data.DataLoader(data, batch_size=8, sampler=sampler)
+    state = hvd.elastic.TorchState(model, opt, sampler=sampler, epoch=0, batch=0)
+    sizes, seen = [], []
+
+    @hvd.elastic.run
+    def fit(state):
+        for state.epoch in range(state.epoch, epochs):  # noqa: B020 (Horovod's idiom)
+            for batch, (x, y) in enumerate(loader):
+                _step(me, model, opt, x, y, sizes, batch, state.epoch)
+                state.sampler.record_batch(batch, 8)
+                state.batch = batch
+                if batch % 5 == 4:
+                    state.commit()
+            seen.append(len(loader))
+            state.sampler.set_epoch(state.epoch + 1)
+            state.batch = 0
+            state.commit()
+
+    fit(state)
+    _report(me, model, sizes, batches_per_epoch=seen)
 
 
 if __name__ == "__main__":
     if sys.argv[1] == "collectives":
         collectives()
+    elif sys.argv[1] == "elastic":
+        train_elastic(int(sys.argv[2]))
     else:
         train(int(sys.argv[2]))
