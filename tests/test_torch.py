@@ -53,7 +53,9 @@ def test_collectives_values_and_gradients_on_two_ranks(tmp_path):
         assert g["allreduce_grad"] == [2.0 * (r + 1), 4.0 * (r + 1)]
         assert g["allgather_grad"] == [1.0] * (r + 1)
         assert g["broadcast_grad"] == ([1.0, 1.0] if r == 0 else [0.0, 0.0])
-        assert g["params"] == got[0]["params"] and g["lr"] == 0.1  # rank 0's model and options
+        # rank 0's parameters and buffers (BatchNorm's int64 count), optimizer state and options
+        assert g["params"] == got[0]["params"] and g["params"]["1.num_batches_tracked"] == 1
+        assert g["momentum"] == got[0]["momentum"] and g["lr"] == 0.1
         assert g["zero_copy"] is True
         checks = g["optimizer"]  # DistributedOptimizer's gradients == every rank's average
         for case in ("plain", "passes2", "groups2", "sparse", "sparse_as_dense", "fp16",

@@ -90,11 +90,15 @@ def collectives():
     got["broadcast_grad"] = leaf.grad.tolist()
     # a model and its optimizer state from rank 0
     torch.manual_seed(rank)
-    model = torch.nn.Linear(3, 2)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.BatchNorm1d(2))
     opt = torch.optim.SGD(model.parameters(), lr=0.1 * (rank + 1), momentum=0.9)
+    for _ in range(rank + 1):  # rank-specific running stats, batch count, momentum
+        model(torch.randn(4, 3)).sum().backward()
+        opt.step()
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(opt, root_rank=0)
-    got["params"] = [p.tolist() for p in model.parameters()]
+    got["params"] = {k: v.tolist() for k, v in model.state_dict().items()}
+    got["momentum"] = [opt.state[p]["momentum_buffer"].tolist() for p in model.parameters()]
     got["lr"] = opt.param_groups[0]["lr"]
     got["optimizer"] = optimizer_checks(rank, size)
     got["sync_bn"] = sync_bn_checks(rank, size)
