@@ -209,24 +209,25 @@ def test_a_lost_node_is_relaunched_on_what_is_left_and_slurm_keeps_the_job(clust
 
 
 def test_a_requeued_job_resumes_from_its_checkpoint_exactly_once(cluster, jobs, tmp_path):
-    # What preemption (PreemptMode=REQUEUE) does to a job: `scontrol requeue`. Each
-    # run logs into its own directory (run0, run1: the batch script's choice, by
-    # SLURM_RESTART_COUNT); the checkpoint directory is shared.
-    base = tmp_path / "base"
-    run = f"{base}/run$" + "{SLURM_RESTART_COUNT:-0}"
-    body = (f"mkdir -p {base}/ckpt {run} && ln -sfn {base}/ckpt {run}/ckpt\n" +
-            fit(run, 3, env={"TEST_STEP_SLEEP": "0.3"}))
+    # What preemption (PreemptMode=REQUEUE) does to a job: `scontrol requeue`.  The
+    # batch script (not the training script) keeps the first run's logs apart: a
+    # requeued job starts it again with SLURM_RESTART_COUNT=1.
+    out, run0 = tmp_path / "out", tmp_path / "run0"
+    body = (f'if [ "${{SLURM_RESTART_COUNT:-0}}" -gt 0 ]; then mkdir -p {run0} && '
+            f'mv {out}/*.jsonl {run0}/; fi\n' + fit(out, 3, env={"TEST_STEP_SLEEP": "0.3"}))
     job = jobs.sbatch(body, options=[*TWO_NODES, "--no-kill", "--requeue"])
-    run0, run1 = base / "run0", base / "run1"
-    wait_steps(jobs, job, run0, 10)  # mid-epoch 2
+    run1 = out
+    wait_steps(jobs, job, out, 10)  # mid-epoch 2
     jobs.cluster.sh(f"scontrol requeue {job}")
     requeued = time.monotonic()
     requeued_at = time.time()
-    deadline = time.monotonic() + 120
-    while any(job_processes(cluster).values()) and not run1.exists():
-        assert time.monotonic() < deadline, job_processes(cluster)
-        time.sleep(0.1)
+    cluster.wait_for(lambda: not any(job_processes(cluster).values()), 120,
+                     "the first run's processes gone", every=0.05)
     ended = time.monotonic() - requeued
+    pending = jobs.wait_state(job, ("PENDING",), 60)
+    # Slurm holds a requeued job back (Reason=BeginTime) for a while before it may start
+    begin = time.mktime(time.strptime(pending["EligibleTime"], "%Y-%m-%dT%H:%M:%S"))
+    cluster.wait_for(run0.exists, 300, "the requeued run started")
     info = jobs.wait_state(job, ("COMPLETED", "FAILED", "CANCELLED"), 360)
     output = jobs.output(job)
     assert (info["JobState"], info["ExitCode"], info["Restarts"]) == ("COMPLETED", "0:0", "1"), \
@@ -246,4 +247,5 @@ def test_a_requeued_job_resumes_from_its_checkpoint_exactly_once(cluster, jobs, 
     restart = min(s["time"] for s in second) - requeued_at
     measure(cluster, "scontrol requeue (preemption): -> first run's processes gone; -> "
             "requeued run's first step", gone_s=round(ended, 2), first_step_s=round(restart, 1),
+            begin_time_after_s=round(begin - requeued_at), reason=pending.get("Reason"),
             steps_done_first_run=max(s["step"] for s in first), resumed_epoch=resumed)
