@@ -104,7 +104,7 @@ bench-tf-versions: install
 # beside a 20 ms step (issue 44): docs/benchmarks.md.  ~10 min.
 .PHONY: bench-input
 bench-input: install
-	$(PY) bench/input_speed.py --runs 5 --ahead 0
+	$(PY) bench/input_speed.py --runs 5 --ahead 0 --map
 
 # Replacing a killed rank / adding ranks (issue 6).
 bench-growth: install

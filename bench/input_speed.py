@@ -21,7 +21,8 @@ trial's rate is the images of all ranks over the slowest rank's time.  The
 ratio is ElasticData / tf.data, per run, then its median.
 
 ``--ahead 0`` adds ElasticData without work-ahead (what it was before issue
-44) as a third pipeline.  ElasticData reports the most bytes its work-ahead
+44) as a pipeline; ``--map`` adds ElasticData with ``map=`` (the same decode per
+sample, run by tf.data's parallel map over each batch).  ElasticData reports the most bytes its work-ahead
 held at once (batches loaded and not yet trained, ``prefetch_peak_bytes``).
 Writes ``bench/results/input_speed.json`` (``--out``).
 """
@@ -94,6 +95,10 @@ def worker(args):
     if args.ahead is not None:
         plain = hvd.ElasticData((paths, labels), BATCH, load=load, seed=0, ahead=args.ahead)
         pipelines[f"ElasticData ahead={args.ahead}"] = (plain.dataset, plain)
+    if args.map:
+        mapped = hvd.ElasticData((paths, labels), BATCH, seed=0,
+                                 map=lambda p, y: (decode(p), y))
+        pipelines["ElasticData map="] = (mapped.dataset, mapped)
     pipelines["tf.data"] = (tf_data(), None)
 
     def trial(dataset, pause):
@@ -133,6 +138,8 @@ def run_job(np_, args):
            str(args.images), "--dir", args.dir, "--records", records]
     if args.ahead is not None:
         cmd += ["--ahead", str(args.ahead)]
+    if args.map:
+        cmd += ["--map"]
     subprocess.run(cmd, check=True, cwd=ROOT, timeout=3600)
     with open(records) as f:
         result = json.load(f)
@@ -189,6 +196,8 @@ def main():
     p.add_argument("--dir", default=os.path.join(ROOT, "data", "input-speed-jpegs"))
     p.add_argument("--ahead", type=int, default=None,
                    help="also ElasticData with this work-ahead (0: none, as before issue 44)")
+    p.add_argument("--map", action="store_true",
+                   help="also ElasticData with map= (a per-sample decode, tf.data's parallel map)")
     p.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "input_speed.json"))
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--records", help=argparse.SUPPRESS)

@@ -13,7 +13,9 @@ pending slices of every other rank (lost before or during the step, including
 all micro-batches of ``backward_passes_per_step``) go back at the end of the
 queue.  Batches are drawn when a step starts (no read-ahead), so prefetching
 cannot hand out slices planned for a membership that no longer exists; the TF
-adapter keeps it that way.
+adapter keeps it that way.  What it loads ahead it learns from :meth:`upcoming`,
+which draws nothing: the draws alone decide what is trained, and a batch loaded
+for a guess that a membership change made wrong is thrown away, never trained.
 
 The last step of an epoch may hold fewer samples than ranks: ranks left without
 one get a single sample with weight 0 (no gradient), so no batch is empty.
