@@ -249,3 +249,38 @@ def test_a_requeued_job_resumes_from_its_checkpoint_exactly_once(cluster, jobs, 
             "requeued run's first step", gone_s=round(ended, 2), first_step_s=round(restart, 1),
             begin_time_after_s=round(begin - requeued_at), reason=pending.get("Reason"),
             steps_done_first_run=max(s["step"] for s in first), resumed_epoch=resumed)
+
+
+@pytest.mark.parametrize("how", ["scancel", "requeue"])
+def test_slurms_sigterm_reaches_every_rank_and_the_runtime_ends_them_at_once(cluster, jobs,
+                                                                            tmp_path, how):
+    # Ranks that catch SIGTERM and sleep on (term_probe.py): when does Slurm's SIGTERM
+    # reach each, and how long do they live after it (KillWait is 30 s here)?
+    out = tmp_path / "out"
+    out.mkdir()
+    probe = Path(__file__).parent / "term_probe.py"
+    job = jobs.sbatch(f"exec elastic-hvd-run -np 4 python {probe} {out}",
+                      options=[*TWO_NODES, "--no-kill", "--requeue" if how == "requeue" else
+                               "--no-requeue"])
+    cluster.wait_for(lambda: len(list(out.glob("ready*"))) == 4, 120, "4 probes ready")
+    time.sleep(1)
+    sent = time.time()
+    jobs.cluster.sh(f"scancel {job}" if how == "scancel" else f"scontrol requeue {job}")
+    last_seen = sent
+    while any(p[1] == "python" for ps in job_processes(cluster).values() for p in ps):
+        last_seen = time.time()
+        assert last_seen - sent < 60, job_processes(cluster)
+        time.sleep(0.02)
+    if how == "scancel":
+        jobs.wait_state(job, ("CANCELLED",), 60)
+    else:
+        jobs.wait_state(job, ("PENDING",), 60)
+        jobs.scancel(job)  # the requeued run is not wanted
+    got = {}
+    for path in out.glob("SIGTERM*.jsonl"):
+        for line in read_lines(path):
+            got.setdefault(int(line["rank"]), []).append(line["time"] - sent)
+    assert sorted(got) == [0, 1, 2, 3], got  # every rank, node1's and node2's
+    measure(cluster, f"{how}: Slurm's SIGTERM -> each rank (a rank catching it); -> the last "
+            "rank gone", term_s={r: [round(t, 3) for t in ts] for r, ts in sorted(got.items())},
+            last_rank_gone_s=round(last_seen - sent, 2))
