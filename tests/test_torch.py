@@ -131,6 +131,7 @@ def test_training_survives_a_rank_killed_from_outside(tmp_path, victim, script):
     else:  # the epoch the loss hit keeps its 20 batches; later ones are split over 2 ranks
         per_epoch = job.results[survivors[0]]["batches_per_epoch"]
         assert per_epoch[0] == 20 and per_epoch[-1] == 30 and steps == sum(per_epoch), per_epoch
+        assert "ElasticSampler splits the next epoch over 2 ranks" in job.output
     a, b = job.results[survivors[0]]["counter_a"], job.results[survivors[0]]["counter_b"]
     assert a == b, "the two counters' collectives saw different memberships in a step"
     for i in survivors:

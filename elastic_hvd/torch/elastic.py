@@ -31,7 +31,8 @@ from typing import Any, TypeVar
 import torch
 
 from ..basics import init, rank, shutdown, size  # noqa: F401 (hvd.elastic.*, as Horovod's)
-from ..core import process, runtime
+from ..core import announce, process, runtime
+from ..core.membership import MembershipEvent
 from ..growth_policy import GrowthPolicy, mark_growth_point
 from .functions import broadcast_object, broadcast_optimizer_state, broadcast_parameters
 from .mpi_ops import HorovodInternalError  # noqa: F401
@@ -104,6 +105,16 @@ class ElasticSampler(torch.utils.data.Sampler):
         self.remaining_indices: list[int] = []
         self.indices: list[int] = []
         self.reset()
+        announce.effect("data", self._announced)  # the membership line says what it does
+        announce.effect("when", lambda _event: f"epoch {self.epoch + 1}")
+
+    def _announced(self, event: MembershipEvent) -> str:
+        if event.lost:
+            whose = "ranks'" if len(event.lost) > 1 else "rank's"
+            return (f"the lost {whose} part of this epoch is not trained; ElasticSampler "
+                    f"splits the next epoch over {event.new_size} "
+                    f"rank{'s' if event.new_size != 1 else ''}")
+        return f"ElasticSampler splits what is left over {event.new_size} ranks at its reset"
 
     def set_epoch(self, epoch: int) -> None:
         """Begin ``epoch`` (call it at the end of the previous one): a new permutation,
