@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from . import growth_policy
-from .core import runtime
+from .core import process, runtime
 from .core.comm import ResilientComm
 from .core.errors import NO_PROCESS_SETS
 from .core.mpi_env import ft_enabled
@@ -26,7 +26,7 @@ def when_replacing(hook: Callable[[], None]) -> None:
     rank's number (e.g. the Keras layer makes the next ``model.fit`` join first);
     at once if that ``init()`` already ran."""
     _replacing_hooks.append(hook)
-    if runtime.is_initialized() and runtime.current().replacing is not None:
+    if getattr(process.runtime().growth, "replacing", None) is not None:
         hook()
 
 
@@ -38,11 +38,12 @@ def init(comm: Any = None, process_sets: Any = None,
     first = not runtime.is_initialized()
     started = runtime.init(comm, min_np=min_np,
                            has_growth_point=growth_policy.main_has_growth_point)
-    if first and started.replacing is not None:  # a hot spare that runs the script as a lost rank
+    growth = runtime.growth("hvd.init()")
+    if first and growth.replacing is not None:  # a hot spare that runs the script as a lost rank
         for hook in _replacing_hooks:
             hook()
     if first:
-        growth_policy.warn_if_cannot_grow(runtime.session(), started)
+        growth_policy.warn_if_cannot_grow(runtime.session(), started, growth)
     return started
 
 

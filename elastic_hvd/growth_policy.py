@@ -1,9 +1,9 @@
 """When a job grows, decided alike on every rank: the growth policy and host discovery.
 
-Why outside ``core``: the resilient communicator only knows *how* to spawn and
-adopt processes (``ResilientComm.spawn`` / ``poll_join`` / ``join``); *when* to
+Why outside ``core``: the join protocol only knows *how* to spawn and adopt
+processes (``Growth.spawn`` / ``poll`` / ``join``, :mod:`.core.growth`); *when* to
 grow -- replace lost ranks, fill slots a discovery script or hostfile reports --
-is a policy above it, which talks to the communicator through those calls only.
+is a policy above it, which talks to it and its communicator through those calls only.
 """
 
 import ast
@@ -21,6 +21,8 @@ from .log import get_logger
 
 if TYPE_CHECKING:
     from .core.comm import ResilientComm
+    from .core.comm_api import Communicator
+    from .core.growth import Growth
     from .core.membership import MembershipEvent
     from .core.session import Session
 
@@ -113,19 +115,21 @@ class GrowthPolicy:
         self.failures = state["failures"]
         self.discovered = dict(state["discovered"])
 
-    def step(self, comm: "ResilientComm") -> "MembershipEvent | None":
-        """Call at every step boundary on every rank: adopts ready joiners (returns
-        their event) and spawns new ones when the job is below its target.  In a
-        joining process the first call joins (and returns the same event)."""
+    def step(self, growth: "Growth") -> "MembershipEvent | None":
+        """Call at every step boundary on every rank, with the job's join protocol
+        (``runtime.growth()``): adopts ready joiners (returns their event) and spawns new
+        ones when the job is below its target.  In a joining process the first call joins
+        (and returns the same event)."""
         mark_growth_point()
+        comm = growth.comm
         if comm.joining:
-            return comm.join()
-        pending = comm.join_pending
-        event = comm.poll_join()
+            return growth.join()
+        pending = growth.pending
+        event = growth.poll()
         if event is not None:
             self.failures = 0
             return event
-        if pending and not comm.join_pending:  # abandoned: its joiners died or ranks changed
+        if pending and not growth.pending:  # abandoned: its joiners died or ranks changed
             self._failed(comm)
         self.steps += 1
         if self.max_np and self.discover:
@@ -133,22 +137,22 @@ class GrowthPolicy:
             if self.steps % self.check_every == 1 or self.check_every == 1:
                 self.discovered = comm.broadcast_object(
                     self._latest if self._latest is not None else self.discovered)
-        if comm.join_pending or self.steps < self.next_try:
+        if growth.pending or self.steps < self.next_try:
             return None
         count, hosts = self.wanted(comm)
         self._generation = comm.generation
         if count <= 0:
-            if self.respawn and comm.spares_left < self.spares and not comm.spares_in_place \
-                    and not comm.spawn_spare(self.lost_hosts(comm)[:1]):
+            if self.respawn and growth.spares_left < self.spares and not growth.spares_in_place \
+                    and not growth.spawn_spare(self.lost_hosts(comm)[:1]):
                 self._failed(comm)
             return None
-        if self.spares and comm.spares_left:
-            comm.adopt_spare(self.lost_hosts(comm))  # none ready yet: the next step tries again
-        elif (self.respawn or (self.max_np and self.discover)) and not comm.spawn(1, hosts[:1]):
+        if self.spares and growth.spares_left:
+            growth.adopt_spare(self.lost_hosts(comm))  # none ready yet: the next step tries again
+        elif (self.respawn or (self.max_np and self.discover)) and not growth.spawn(1, hosts[:1]):
             self._failed(comm)
         return None
 
-    def _failed(self, comm: "ResilientComm") -> None:
+    def _failed(self, comm: "Communicator") -> None:
         """The last spawn (or its join) did not bring a rank.  Not counted when the job's
         own ranks changed since it began."""
         if comm.generation != self._generation:
@@ -162,7 +166,7 @@ class GrowthPolicy:
             _log.warning(f"elastic_hvd: {self.failures} tries in a row to start a process for "
                          f"the job failed; it stops growing and trains on at {comm.size} ranks")
 
-    def wanted(self, comm: "ResilientComm") -> tuple[int, list[str]]:
+    def wanted(self, comm: "Communicator") -> tuple[int, list[str]]:
         """(ranks to add, hosts to put them on) -- the same on every rank."""
         target = comm.initial_size if self.respawn or self.spares else comm.size
         placed = comm.hosts()
@@ -181,11 +185,11 @@ class GrowthPolicy:
         return count, self.lost_hosts(comm)[:count]
 
     @staticmethod
-    def lost_hosts(comm: "ResilientComm") -> list[str]:
+    def lost_hosts(comm: "Communicator") -> list[str]:
         """Hosts of the lost ranks, the latest first."""
         return [h for h in (comm.host_of(i) for e in reversed(comm.events) for i in e.lost) if h]
 
-    def _start_discovery(self, comm: "ResilientComm") -> None:
+    def _start_discovery(self, comm: "Communicator") -> None:
         if self._thread is not None or comm.rank != 0:
             return
 
@@ -251,7 +255,7 @@ CANNOT_GROW_WARNING = (
     "state.commit().")
 
 
-def warn_if_cannot_grow(session: "Session", comm: "ResilientComm") -> None:
+def warn_if_cannot_grow(session: "Session", comm: "ResilientComm", growth: "Growth") -> None:
     """Once the first step commits, rank 0 says so if growth was asked for but nothing
     in the script will ever run a growth policy (a plain Horovod-style ``fit``)."""
     policy = GrowthPolicy.from_env()
@@ -260,7 +264,7 @@ def warn_if_cannot_grow(session: "Session", comm: "ResilientComm") -> None:
 
     def check(_ids: Sequence[int]) -> None:
         session.commits.remove(check)
-        if policy.spares and comm.spares_in_place and not (policy.respawn or policy.max_np):
+        if policy.spares and growth.spares_in_place and not (policy.respawn or policy.max_np):
             return  # spares wait in init() and take the lost ranks' numbers
         if not process.runtime().layers.get(Seen).growth_point and comm.rank == 0 \
                 and not comm.joining:

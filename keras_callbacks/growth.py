@@ -80,7 +80,7 @@ class ElasticGrowth(tf.keras.callbacks.Callback):
             # epoch (no logs, no epoch-end collectives) out of step with the others.
             return
         comm = runtime.current("ElasticGrowth")
-        event = self.policy.step(comm)
+        event = self.policy.step(runtime.growth("ElasticGrowth"))
         if event is not None and event.gained:
             started = time.perf_counter()
             runtime.session().boundary()  # the growth event is applied before the state leaves
@@ -111,7 +111,7 @@ class ElasticGrowth(tf.keras.callbacks.Callback):
             self._rehearse(model, dataset, comm)
         self._training_state(callbacks).warm_up()
         started = time.perf_counter()
-        event = self.policy.step(comm)  # a joiner's step joins (see GrowthPolicy.step)
+        event = self.policy.step(runtime.growth("ElasticGrowth.join"))  # a joiner's step joins
         state = comm.broadcast_object(None)
         check_same_callbacks(with_live_state(callbacks), state["callback_classes"])
         self.epoch = self._training_state(callbacks).load_state(state)

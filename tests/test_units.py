@@ -260,10 +260,11 @@ def test_growth_policy_from_env_discovers_hosts_afresh_each_time(tmp_path):
 
 
 class _GrowthComm:
-    """What GrowthPolicy reads of the communicator, scripted.
+    """What GrowthPolicy reads of the communicator and its join protocol (both: ``comm``
+    is itself), scripted.
 
     ``hosts``: host of each live rank; ``where``: host of every original id, lost ones
-    included; ``spawn_ok``: what spawn() answers; ``polls``: what each poll_join() of a
+    included; ``spawn_ok``: what spawn() answers; ``polls``: what each poll() of a
     pending join does ("adopt", "abandon", "lost": a rank of the job was lost meanwhile,
     which abandons it; none left: still waiting)."""
 
@@ -274,8 +275,12 @@ class _GrowthComm:
         self.placed, self.initial_size = list(hosts), initial_size
         self.where, self.events = dict(where or {}), list(events)
         self.spawn_ok, self.polls = spawn_ok, list(polls)
-        self.join_pending = False
+        self.pending = False
         self.spawned = []  # (count, hosts) of each spawn()
+
+    @property
+    def comm(self):
+        return self
 
     @property
     def size(self):
@@ -293,13 +298,13 @@ class _GrowthComm:
 
     def spawn(self, count, hosts):
         self.spawned.append((count, list(hosts)))
-        self.join_pending = self.spawn_ok
+        self.pending = self.spawn_ok
         return self.spawn_ok
 
-    def poll_join(self):
-        if not self.join_pending or not self.polls:
+    def poll(self):
+        if not self.pending or not self.polls:
             return None
-        self.join_pending = False
+        self.pending = False
         what = self.polls.pop(0)
         if what == "lost":
             self.events.append(MembershipEvent(2, 1, lost=(2,)))
@@ -1079,7 +1084,7 @@ def test_a_member_stopped_on_this_host_is_killed_past_the_patience_by_the_lowest
         members = _Members({7: (here, _who(a)), 3: (here, signals.mine()), 9: (here, _who(c)),
                             4: ("elsewhere", _who(b)), 5: (here, _who(d))},
                            joiners=[(here, _who(e)), ("elsewhere", _who(b))])
-        old = process.use(process.Runtime(settings=settings, comm=members))
+        old = process.use(process.Runtime(settings=settings, comm=members, growth=members))
         try:
             watch = StoppedPeers()
             assert watch.look(100.0) == []  # first seen stopped
@@ -1090,8 +1095,9 @@ def test_a_member_stopped_on_this_host_is_killed_past_the_patience_by_the_lowest
             # A running process of this host ranks lower (d, rank 0): it looks, not us.
             _stopped(d)
             os.kill(d.pid, signal.SIGCONT)
-            process.use(process.Runtime(settings=settings, comm=_Members(
-                {5: (here, _who(d)), 3: (here, signals.mine()), 4: (here, _who(b))})))
+            members = _Members({5: (here, _who(d)), 3: (here, signals.mine()),
+                                4: (here, _who(b))})
+            process.use(process.Runtime(settings=settings, comm=members, growth=members))
             watch = StoppedPeers()
             assert watch.look(100.0) == [] and watch.look(200.0) == []
             assert state_of(_who(b)) == "T"

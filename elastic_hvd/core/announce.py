@@ -108,7 +108,8 @@ def consequences(event: MembershipEvent, comm: "ResilientComm") -> list[str]:
     if not event.lost:
         return said
     many = len(event.lost) > 1
-    replaced = comm.spares_left or config.current().respawn
+    growth = process.runtime().growth
+    replaced = (growth is not None and growth.spares_left) or config.current().respawn
     unshared = UNSHARED_DATA.format(
         whose="ranks'" if many else "rank's", shards="shards are" if many else "shard is",
         until="until a replacement takes its place" if replaced else "for the rest of this run")

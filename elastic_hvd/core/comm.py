@@ -28,7 +28,7 @@ an *anomaly* -- never acted on, always said.
 import contextlib
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 import numpy as np
@@ -38,8 +38,6 @@ from .collectives import CollectivesMixin
 from .errors import (ElasticHvdError, JoinOrderError, MismatchError, RanksBelowMinimumError,
                      RemoteCollectiveError)
 from .freshness import OUTCOME_MASK, Anomalies, Stamps
-from .growth import Growth
-from .joining import JoiningMixin
 from .membership import Listeners, MembershipEvent
 from .repair import RepairMixin
 from .signature import SignaturePredictor
@@ -63,27 +61,28 @@ _POST = 8    # contributed after the data transfer
 _T = TypeVar("_T")
 
 
-class ResilientComm(JoiningMixin, RepairMixin, CollectivesMixin):
+class ResilientComm(RepairMixin, CollectivesMixin):
     """An MPI communicator whose collectives survive the loss of ranks.
 
     ``ids`` maps each current rank to its *original id* (its rank when the
     communicator was created; processes that join later get the next free ids),
     which stays stable across repairs.  ``invitation``, the :class:`.invitation.Invitation`
-    of a process spawned into a running job, makes it start as a *joiner*, whose
-    ``original_id`` is None and ``ids`` empty until it has joined.
+    of a process spawned into a running job (or a hot spare's), makes it start as a
+    *joiner* (:attr:`joining`), whose ``original_id`` is None and ``ids`` empty until
+    it has joined.
 
     Cut along its concepts: the agreed transaction, the leave protocol and the
     membership it reports are here; membership changes and repair in
-    :class:`.repair.RepairMixin`; the join protocol's interface in
-    :class:`.joining.JoiningMixin`; the collectives in
-    :class:`.collectives.CollectivesMixin`.
+    :class:`.repair.RepairMixin`; the collectives in
+    :class:`.collectives.CollectivesMixin`.  The join protocol is not part of it:
+    :class:`.growth.Growth` holds a communicator and uses it through
+    :class:`.comm_api.Communicator`.
     """
 
     def __init__(self, MPI: Any, comm: Any, *, min_np: int = 1,
                  mismatch_timeout: float = config.DEFAULTS.mismatch_timeout,
                  elastic: bool = True, heartbeat: "Heartbeat | None" = None,
-                 invitation: "Invitation | SpareInvitation | None" = None,
-                 pool: Iterable[tuple[int, str]] = (), spares_in_place: bool = False) -> None:
+                 invitation: "Invitation | SpareInvitation | None" = None) -> None:
         self.MPI = MPI
         self._failure_classes = (MPI.ERR_PROC_FAILED, MPI.ERR_PROC_FAILED_PENDING,
                                  MPI.ERR_REVOKED)
@@ -111,15 +110,17 @@ class ResilientComm(JoiningMixin, RepairMixin, CollectivesMixin):
         #: every training rank, like a spawned joiner -- never rank 0, whose duties (logs,
         #: checkpoints) a program gives to one process.  None elsewhere.
         self._waiting = None
+        #: True in a process spawned into a running job, or a hot spare, until it has
+        #: joined (``Growth.join`` clears it).
+        self.joining = invitation is not None
         if invitation is not None:  # a joiner: no id, no hosts yet (see Growth.join)
             self._comm, self._ids, self.original_id = invitation.comm, [], None
             self.initial_size = invitation.initial_size
             if invitation.comm.size == 1:
                 self._waiting = (self.initial_size, self.initial_size + 1)
         else:
-            with self._in_mpi():
+            with self.in_mpi():
                 self._start(comm)
-        self._growth = Growth(self, invitation, pool, spares_in_place)
         if self.size < self.min_np:
             raise RanksBelowMinimumError(self.size, self.min_np, ())
 
@@ -159,6 +160,11 @@ class ResilientComm(JoiningMixin, RepairMixin, CollectivesMixin):
     @property
     def size(self) -> int:
         return self._comm.size if self._waiting is None else self._waiting[1]
+
+    def report_as(self, rank: int, size: int) -> None:
+        """In a hot spare given a lost rank's number: report ``rank`` and ``size`` until
+        it joins (:meth:`replace` ends it)."""
+        self._waiting = (rank, size)
 
     @property
     def ids(self) -> tuple[int, ...]:
@@ -229,7 +235,7 @@ class ResilientComm(JoiningMixin, RepairMixin, CollectivesMixin):
         if calls[0][0] is not None and self.joining:
             raise JoinOrderError(calls[0][0])
         reached = [0]
-        with self._in_mpi():
+        with self.in_mpi():
             while True:
                 results = self._transaction(calls, time.perf_counter(), reached)
                 if results is not None:
@@ -303,7 +309,7 @@ class ResilientComm(JoiningMixin, RepairMixin, CollectivesMixin):
         return self._same_calls(position, signature)
 
     @contextlib.contextmanager
-    def _in_mpi(self) -> Iterator[None]:
+    def in_mpi(self) -> Iterator[None]:
         """The main thread works in MPI: the heartbeat's progress loop pauses, since
         Open MPI's agreement is not safe beside it (see :mod:`.heartbeat`), and the
         stall watchdog counts it as progress.
@@ -334,7 +340,7 @@ class ResilientComm(JoiningMixin, RepairMixin, CollectivesMixin):
         agreed), so all of them run ``attempt`` again together.  ``attempt`` must
         not change its inputs.  The progress loop pauses once for all of it, not
         once per collective (a step of 200 unfused gradients makes 200)."""
-        with self._heartbeat or contextlib.nullcontext():  # (see _in_mpi)
+        with self._heartbeat or contextlib.nullcontext():  # (see in_mpi)
             while True:
                 seen = self.generation
                 result = attempt()

@@ -1,5 +1,6 @@
 """What the join protocol (:mod:`.growth`, :mod:`.spare_pool`, :mod:`.spawn`,
-:mod:`.spares`) uses of the resilient communicator: one :class:`Communicator`.
+:mod:`.spares`) and the growth policy above it use of the resilient communicator:
+one :class:`Communicator`.
 
 A leaf (it imports nothing of the package but :mod:`.membership`), so that those
 modules name the communicator's interface without importing :mod:`.comm`, which
@@ -20,6 +21,8 @@ class Communicator(Protocol):
     initial_size: int
     original_id: int | None
     generation: int
+    joining: bool
+    events: list[MembershipEvent]
 
     @property
     def rank(self) -> int: ...
@@ -33,13 +36,21 @@ class Communicator(Protocol):
     @property
     def mpi_comm(self) -> Any: ...
 
+    def report_as(self, rank: int, size: int) -> None: ...
+
+    def in_mpi(self) -> AbstractContextManager[None]: ...
+
     def host_of(self, original_id: int) -> str | None: ...
+
+    def hosts(self) -> list[str | None]: ...
 
     def run(self, signature: Any, attempt: Callable[[Any], Any]) -> Any: ...
 
     def agree(self, flag: int) -> int: ...
 
     def allgather_object(self, obj: Any) -> list[Any]: ...
+
+    def broadcast_object(self, obj: Any, root_rank: int = 0) -> Any: ...
 
     def revoke(self, comm: Any) -> None: ...
 

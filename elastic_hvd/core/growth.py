@@ -150,8 +150,10 @@ class _Pending:
 
 
 class Growth:
-    """The join protocol of ``comm`` (a :class:`.comm.ResilientComm`), which delegates
-    its ``spawn``, ``poll_join``, ``abandon_join`` and ``join`` here.
+    """The join protocol of ``comm`` (a :class:`.comm_api.Communicator`), made beside it
+    by ``runtime.init`` (``runtime.growth()``).  Each call that runs MPI collectives
+    runs them as the main thread's MPI work (``comm.in_mpi()``: the heartbeat's
+    progress loop pauses meanwhile).
 
     ``invitation``: in a process spawned into a running job, its
     :class:`.invitation.Invitation` (see :mod:`elastic_hvd.runner.join`); in a hot spare,
@@ -178,7 +180,7 @@ class Growth:
 
     @property
     def joining(self) -> bool:
-        """True in a spawned process until it has joined."""
+        """True in a spawned process or a hot spare until it has joined."""
         return self._invitation is not None
 
     @property
@@ -195,6 +197,21 @@ class Growth:
     def pending(self) -> bool:
         """True while spawned processes wait to be adopted (running ranks)."""
         return self._pending is not None
+
+    @property
+    def spares_in_place(self) -> bool:
+        """True when this job's spares take a lost rank's number (a plain script's
+        spares wait in ``init()``, see :mod:`.spares`)."""
+        return self.pool.in_place
+
+    @property
+    def spares_left(self) -> int:
+        """Hot spares not adopted yet and not known to have failed (the same on every rank)."""
+        return len(self.pool.spares)
+
+    def vacant_slots(self) -> list[int]:
+        """Rank numbers of the starting ranks that no live rank holds (in-place spares)."""
+        return self.pool.vacant_slots()
 
     def pending_processes(self) -> tuple[tuple[str, signals.Identity], ...]:
         """(host, identity) of the spawned processes waiting to be adopted that this rank
@@ -215,8 +232,11 @@ class Growth:
             return False
         started, generation = time.perf_counter(), self.comm.generation
         self.spawns += 1
-        call = SpawnCall(self.comm, count, hosts, oversubscribe, faults.for_joiner(self.spawns))
-        return self._start_join(call, count, started, generation, f"spawning {count} process(es)")
+        with self.comm.in_mpi():
+            call = SpawnCall(self.comm, count, hosts, oversubscribe,
+                             faults.for_joiner(self.spawns))
+            return self._start_join(call, count, started, generation,
+                                    f"spawning {count} process(es)")
 
     def spawn_spare(self, hosts: Sequence[str] = ()) -> bool:
         """Start one process that waits as a hot spare (collective): it refills the
@@ -228,8 +248,9 @@ class Growth:
         generation = self.comm.generation
         self.spawns += 1
         extra = {**faults.for_joiner(self.spawns), config.env("spawned_spare"): "1"}
-        call = SpawnCall(self.comm, 1, hosts, None, extra)
-        merged = agreed_merge(self.comm, call, generation, "spawning a hot spare")
+        with self.comm.in_mpi():
+            call = SpawnCall(self.comm, 1, hosts, None, extra)
+            merged = agreed_merge(self.comm, call, generation, "spawning a hot spare")
         if merged is None:
             return False
         self.pool.add_spawned(SpareKey.spawned(self.spawns), merged, hosts[0] if hosts else "")
@@ -252,6 +273,10 @@ class Growth:
         (:meth:`.spare_pool.SparePool.choose`).  See :mod:`.spares`."""
         if self._pending is not None or not self.pool.spares:
             return False
+        with self.comm.in_mpi():
+            return self._adopt_spare(avoid_hosts)
+
+    def _adopt_spare(self, avoid_hosts: Collection[str]) -> bool:
         comm = self.comm
         started, generation = time.perf_counter(), comm.generation
         mine = self.pool.news()
@@ -286,7 +311,8 @@ class Growth:
     def release_spares(self) -> None:
         """At the job's end: the spares not adopted may go."""
         if not self.joining:
-            self.pool.release()
+            with self.comm.in_mpi():
+                self.pool.release()
 
     def poll(self) -> MembershipEvent | None:
         """At a step boundary (collective while a join is pending): adopt the joiners
@@ -294,6 +320,10 @@ class Growth:
         pending = self._pending
         if pending is None:
             return None
+        with self.comm.in_mpi():
+            return self._poll(pending)
+
+    def _poll(self, pending: _Pending) -> MembershipEvent | None:
         comm, MPI = self.comm, self.comm.MPI
         ready = Readiness.BROKEN
         if comm.generation == pending.generation:
@@ -374,18 +404,31 @@ class Growth:
                       "joined last) and has no id; it gets the next free id when it joins")
         return self._invitation.wait(lambda why: leave_unjoined(why, who=SPARE))
 
-    def await_claim(self) -> tuple[int, int]:
-        """In a spare of an in-place job: ``(slot, size)`` once rank 0 claims it."""
-        return self._invitation.await_claim(lambda why: leave_unjoined(why, who=SPARE))
+    def await_claim(self) -> None:
+        """In a spare of an in-place job, in ``init()``: wait (beating, outside MPI's
+        collectives) until rank 0 gives it a lost rank's number; from then on the
+        communicator reports that rank and the job's starting size."""
+        slot, size = self._invitation.await_claim(lambda why: leave_unjoined(why, who=SPARE))
+        self.comm.report_as(slot, size)
 
-    def join(self, adoption: tuple[str, int] | None = None) -> MembershipEvent | None:
-        """Joiner side: meet the running job and take over its bookkeeping; returns
-        the growth event.  If the job gave up on this process (its ranks changed, or
-        training ended first), a spawned process exits: nobody needs it; a spare
-        (``adoption``: where the adopting ranks accept, and their root) returns None
-        and waits again."""
+    def join(self) -> MembershipEvent:
+        """In a spawned process or a hot spare: join the running job; returns the
+        growth event.  A spare waits here until it is adopted, beating (outside
+        ``comm.in_mpi()``), and again after an adoption that broke off."""
         if not self.joining:
             raise ElasticHvdError("join(): this process is not joining a running job")
+        while True:
+            adoption = self.await_adoption()
+            with self.comm.in_mpi():
+                event = self._join(adoption)
+            if event is not None:
+                return event
+
+    def _join(self, adoption: tuple[str, int] | None) -> MembershipEvent | None:
+        """Meet the running job and take over its bookkeeping; returns the growth event.
+        If the job gave up on this process (its ranks changed, or training ended
+        first), a spawned process exits: nobody needs it; a spare (``adoption``: where
+        the adopting ranks accept, and their root) returns None and waits again."""
         comm, MPI = self.comm, self.comm.MPI
         started = time.perf_counter()
         merged = adopted = None
@@ -409,6 +452,7 @@ class Growth:
             return None
         self._invitation.close()
         self._invitation = None
+        comm.joining = False
         comm.replace(adopted, book["ids"])  # retires the merged communicator
         comm.load_book(book["comm"])
         self.next_id, self.spawns = book["next_id"], book["spawns"]

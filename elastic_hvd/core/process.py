@@ -41,8 +41,10 @@ class Runtime:
 
     #: The settings (``config.Config``) as last loaded: by ``init()``, or on first use.
     settings: Any = None
-    #: The resilient communicator and its training session, from ``init()`` to ``shutdown()``.
+    #: The resilient communicator, its join protocol (``growth.Growth``, which holds it)
+    #: and its training session, from ``init()`` to ``shutdown()``.
     comm: Any = None
+    growth: Any = None
     session: Any = None
     #: The heartbeat (GIL-free MPI progress, stall watchdog), from ``init()`` to its stop.
     heartbeat: Any = None

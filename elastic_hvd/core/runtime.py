@@ -12,6 +12,7 @@ from . import announce, config, faults, process, workarounds
 from .comm import LeftEarly, ResilientComm
 from .errors import ElasticHvdError, NotInitializedError
 from .freshness import ANOMALY_EXIT_STATUS
+from .growth import Growth
 from .invitation import Invitation, Verdict
 from .heartbeat import Heartbeat
 from .mpi_env import (end_as_crash, finalize, ft_enabled,
@@ -121,8 +122,8 @@ def init(comm: Any = None, *, min_np: int | None = None,
         min_np=settings.min_np if min_np is None else int(min_np),
         mismatch_timeout=(settings.mismatch_timeout if mismatch_timeout is None
                           else mismatch_timeout),
-        elastic=elastic, heartbeat=heartbeat, invitation=rt.invitation, pool=pool,
-        spares_in_place=in_place)
+        elastic=elastic, heartbeat=heartbeat, invitation=rt.invitation)
+    rt.growth = growth = Growth(comm_, rt.invitation, pool, in_place)
     rt.invitation = None  # taken: its communicator becomes the live one when this process joins
     if elastic and rt.stopped_peers is None:  # what Open MPI's detector does not see
         rt.stopped_peers = StoppedPeers()
@@ -139,9 +140,9 @@ def init(comm: Any = None, *, min_np: int | None = None,
     sys.excepthook = _crash_after(sys.excepthook)
     if in_place:
         if comm_.joining:
-            comm_.await_claim()  # returns as the lost rank it replaces
+            growth.await_claim()  # returns as the lost rank it replaces
         else:
-            rt.session.commits.add(lambda _ids: comm_.claim_spares())
+            rt.session.commits.add(lambda _ids: growth.claim_spares())
     return comm_
 
 
@@ -232,11 +233,11 @@ def _leave_together() -> None:
     telling them (``ResilientComm.leave``).
     """
     rt = process.runtime()
-    comm = rt.comm
+    comm, growth = rt.comm, rt.growth
     if comm is not None:
         if comm.joining:  # never joined: not a member, nobody waits for it
-            comm.abandon_join()
-            if comm.MPI.Comm.Get_parent() != comm.MPI.COMM_NULL and not comm.given_up:
+            growth.abandon()
+            if comm.MPI.Comm.Get_parent() != comm.MPI.COMM_NULL and not growth.given_up:
                 # Spawned, so connected to ranks that still count on it: finalizing would
                 # close those connections while it lives, which deadlocks them.
                 workarounds.used("unjoined_spawn_exits_as_crash")
@@ -248,21 +249,21 @@ def _leave_together() -> None:
             if rt.on_leaving is not None:
                 rt.on_leaving(False)
             # Everyone leaves: a process still starting to join is told training ended.
-            comm.abandon_join(Verdict.ENDED)
+            growth.abandon(Verdict.ENDED)
             rt.emptied_hosts, rt.rank_at_exit = comm.emptied_hosts(), comm.rank
-            comm.release_spares()
+            growth.release_spares()
         except LeftEarly as exc:
-            comm.abandon_join(Verdict.CHANGED)  # the others go on; they start another
+            growth.abandon(Verdict.CHANGED)  # the others go on; they start another
             _log.warning(f"elastic_hvd: {announce.who(comm.rank, comm.original_id)} leaves "
                          f"the job; the other ranks go on without it ({exc})")
             if rt.on_leaving is not None:
                 rt.on_leaving(True)
             os._exit(rt.exit_status or 0)
         except Exception as exc:  # below min_np (said already), or a failure at the very end
-            comm.abandon_join()
+            growth.abandon()
             if comm.below_min_np is None:
                 _log.warning(f"elastic_hvd: final barrier failed: {exc}")
-            comm.release_spares()
+            growth.release_spares()
 
 
 def leave_raising_to_launcher() -> None:
@@ -321,6 +322,14 @@ def current(what: str = "this call") -> ResilientComm:
     return comm
 
 
+def growth(what: str = "this call") -> Growth:
+    """The join protocol (:mod:`.growth`) of the communicator; exists from ``init()`` on."""
+    growth = process.runtime().growth
+    if growth is None:
+        raise NotInitializedError(what)
+    return growth
+
+
 def session(what: str = "this call") -> Session:
     """The training session (:mod:`.session`) of the communicator; exists from ``init()`` on."""
     session = process.runtime().session
@@ -335,4 +344,4 @@ def shutdown() -> None:
     rt = process.runtime()
     if rt.comm is not None:
         retire(rt.comm.mpi_comm)
-    rt.comm = rt.session = None
+    rt.comm = rt.growth = rt.session = None

@@ -78,7 +78,8 @@ class StoppedPeers:
             if host == self._host and who is not None and (state := state_of(who)):
                 here.append((f"{announce.who(rank, i)}, pid {who.pid}", who, state))
         members = len(here)
-        for host, who in comm.pending_processes():
+        growth = process.runtime().growth
+        for host, who in growth.pending_processes() if growth is not None else ():
             if host == self._host and (state := state_of(who)):
                 here.append((f"process {who.pid}, spawned to join the job,", who, state))
         stopped = {who for _, who, letter in here if letter == STOPPED}

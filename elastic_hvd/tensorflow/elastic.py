@@ -65,7 +65,7 @@ def run_fn(func: Callable[..., _R], reset: Callable[[], Any]) -> Callable[..., _
         comm = runtime.current("hvd.elastic.run")
         mark_growth_point()  # state.commit() grows
         if comm.joining:
-            growth_policy().step(comm)  # a joining process's first step joins
+            growth_policy().step(runtime.growth("hvd.elastic.run"))  # a joiner's first step joins
         while True:
             _sync(state, comm)
             try:
@@ -141,7 +141,7 @@ class State:
         is where the job grows: see the module doc."""
         policy = growth_policy()
         if policy:
-            event = policy.step(runtime.current("state.commit()"))
+            event = policy.step(runtime.growth("state.commit()"))
             if event is not None and event.gained:
                 raise HostsUpdatedInterrupt(f"rank(s) {list(event.gained)} joined")
 

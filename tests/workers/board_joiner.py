@@ -18,7 +18,7 @@ import numpy as np
 
 import report
 from elastic_hvd import core
-from elastic_hvd.core import faults
+from elastic_hvd.core import faults, runtime
 from elastic_hvd.growth_policy import GrowthPolicy
 
 
@@ -37,7 +37,7 @@ def main(steps):
     policy = GrowthPolicy.from_env()
     step, hang = 0, False
     while step < steps:
-        event = policy.step(comm)
+        event = policy.step(runtime.growth())
         if event is not None and event.gained:
             state = comm.broadcast_object(None if comm.original_id in event.gained else
                                           {"step": step, "policy": policy.state()})

@@ -26,7 +26,7 @@ import numpy as np
 
 import report
 from elastic_hvd import core
-from elastic_hvd.core import faults
+from elastic_hvd.core import faults, runtime
 from elastic_hvd.growth_policy import GrowthPolicy
 
 
@@ -72,7 +72,7 @@ def main(steps, fail_before_join=None, joiner_delay=0.0, joiner_blocked=0.0,
     step, total, joined_at, sizes = 0, np.zeros(4, dtype=np.float64), None, []
     expected = 0.0  # what total[0] must be: the members' ids + 1, summed step by step
     while step < steps:
-        event = policy.step(comm)
+        event = policy.step(runtime.growth())
         if event is not None and event.gained:
             state = comm.broadcast_object(
                 None if comm.original_id in event.gained else

@@ -21,6 +21,7 @@ import numpy as np
 
 import report
 from elastic_hvd import core
+from elastic_hvd.core import runtime
 
 
 def main(steps):
@@ -32,9 +33,10 @@ def main(steps):
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     with open(os.path.join(out, f"pid{comm.original_id}"), "w") as f:
         f.write(str(os.getpid()))
-    comm.spawn(1)
+    growth = runtime.growth()
+    growth.spawn(1)
     for step in range(steps):
-        comm.poll_join()
+        growth.poll()
         comm.allreduce(np.ones(4))
         with open(os.path.join(out, f"step{comm.original_id}"), "w") as f:
             f.write(str(step))

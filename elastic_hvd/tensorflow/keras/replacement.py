@@ -63,7 +63,7 @@ def _fit_as_replacement(model: Any, original: Callable[..., Any], args: tuple[An
     bound.update(bound.pop("kwargs", {}))
     _rehearse(model, original, bound, comm)
     TrainingState(model).warm_up()
-    event = comm.join()
+    event = runtime.growth("model.fit").join()
     state = comm.broadcast_object(None, root_rank=state_root(comm, event))
     epoch = TrainingState(model).load_state(state)
     for callback in bound.get("callbacks") or ():
@@ -81,19 +81,20 @@ def adopt_at_epoch_start(model: Any, epoch: int) -> "MembershipEvent | None":
     """Every rank of an in-place job, at an epoch's start (collective): adopt a spare
     that is ready to take a vacant rank number and hand it the live state."""
     comm = runtime.current("BroadcastGlobalVariablesCallback")
-    if not comm.spares_in_place or comm.joining:
+    growth = runtime.growth("BroadcastGlobalVariablesCallback")
+    if not growth.spares_in_place or comm.joining:
         return None
-    if not comm.join_pending and not (comm.vacant_slots() and comm.spares_left
-                                      and comm.adopt_spare()):
+    if not growth.pending and not (growth.vacant_slots() and growth.spares_left
+                                   and growth.adopt_spare()):
         return None
     for _ in range(POLLS):  # the outcome of each look is agreed: all ranks leave together
-        event = comm.poll_join()
+        event = growth.poll()
         if event is not None:
             runtime.session().boundary()
             comm.broadcast_object(TrainingState(model).state(epoch),
                                   root_rank=state_root(comm, event))
             return event
-        if not comm.join_pending:
+        if not growth.pending:
             return None
         time.sleep(PAUSE)
     return None  # not ready yet: the next epoch's start looks again
@@ -141,6 +142,7 @@ class RankZeroDuties:
 
     def __init__(self, callbacks: list[Any]) -> None:
         self.comm = comm = runtime.current("BroadcastGlobalVariablesCallback")
+        self.growth = runtime.growth("BroadcastGlobalVariablesCallback")
         names = [type(c).__name__ for c in callbacks]
         self.by_id = dict(zip(comm.ids, comm.allgather_object(names)))
         self.rank0 = comm.ids[0]
@@ -158,7 +160,7 @@ class RankZeroDuties:
             return None
         names = ", ".join(sorted(gone))
         later = ("until a spare takes rank 0's place at an epoch's start and runs them again"
-                 if self.comm.spares_in_place and self.comm.spares_left else
+                 if self.growth.spares_in_place and self.growth.spares_left else
                  "for the rest of this run (elastic_hvd's own checkpoint, event log and "
                  "progress move to the new rank 0; see docs/training.md)")
         return (f"rank 0's own callbacks ({names}) stopped with it: the script gave them to "
