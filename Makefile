@@ -26,9 +26,11 @@ lint: install
 
 # The tests run on TEST_WORKERS pytest-xdist workers: most of a test's time is waiting on
 # its job, not computing.  Each worker's jobs have a TMPDIR of their own; a test marked
-# `serial` (it steers the kernel's next pid) runs alone (tests/conftest.py).
+# `serial` (it steers the kernel's next pid) runs alone; tests sharing a module's job run
+# on one worker (loadgroup); the jobs first, the quick single-process tests last
+# (tests/conftest.py).
 TEST_WORKERS ?= 2
-PYTEST = $(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal tests
+PYTEST = $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup tests
 
 # Strict mode (ELASTIC_HVD_STRICT): any anomaly of the core ends the job that met it,
 # and so fails its test, instead of being repaired and logged.

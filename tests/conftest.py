@@ -128,3 +128,18 @@ def alone_if_serial(request, tmp_path_factory):
         with _flock(run / "turnstile.lock", exclusive=True):
             held.enter_context(_flock(run / "tests.lock", exclusive=serial))
         yield
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups (--dist loadgroup)
+def pytest_collection_modifyitems(config, items):
+    """The tests that start a job first, the single-process ones (quick) after them, each
+    file's order kept: under pytest-xdist the quick ones fill the end of the run evenly.
+    The tests that share a job through a module-scoped fixture run on one worker (an
+    ``xdist_group`` of their module): on two, each would start that job."""
+    items.sort(key=lambda item: item.get_closest_marker("multirank") is None)
+    for item in items:
+        module = item.nodeid.split("::")[0]
+        info = getattr(item, "_fixtureinfo", None)
+        if info and any(d.scope != "function" and d.baseid == module
+                        for defs in info.name2fixturedefs.values() for d in defs):
+            item.add_marker(pytest.mark.xdist_group(module))
