@@ -20,7 +20,8 @@ import pytest
 
 pytest.importorskip("torch")
 
-from mpijob import assert_same_weights_every_step, job_processes, proc_entries, run_job, until  # noqa: E402
+from mpijob import (assert_same_weights_every_step, job_processes, parent_of,  # noqa: E402
+                    proc_entries, run_job, until)
 
 pytestmark = pytest.mark.multirank
 AS_HOROVOD = ("--as-horovod",)
@@ -75,14 +76,22 @@ def test_collectives_values_and_gradients_on_two_ranks(tmp_path):
 
 
 def _world_ranks(marker):
-    """``{MPI_COMM_WORLD rank: pid}`` of the job's Python ranks (run as_horovod)."""
-    ranks = {}
+    """``{MPI_COMM_WORLD rank: pid}`` of the job's Python ranks (run as_horovod); not
+    their DataLoader workers, forked children with the same command line and environment."""
+    found = {}
     for pid in job_processes(marker):
         if b"elastic_hvd.runner.as_horovod" not in proc_entries(pid, "cmdline"):
             continue
         rank = [e for e in proc_entries(pid, "environ") if e.startswith(b"OMPI_COMM_WORLD_RANK=")]
         if rank:
-            ranks[int(rank[0].split(b"=")[1])] = pid
+            found[pid] = int(rank[0].split(b"=")[1])
+    ranks = {}
+    for pid, rank in found.items():
+        try:
+            if parent_of(pid) not in found:
+                ranks[rank] = pid
+        except ProcessLookupError:
+            pass
     return ranks
 
 
@@ -142,3 +151,23 @@ def test_training_survives_a_rank_killed_from_outside(tmp_path, victim, script):
     sizes = job.results[survivors[0]]["sizes"]
     assert sizes.count(3) in (lost_in, lost_in - 1, lost_in + 1), (sizes, lost_in)
     assert "lost" in job.output  # the one-line announcement of the change
+
+
+def test_elastic_data_loader_trains_every_sample_once_through_a_kill(tmp_path):
+    """ElasticDataLoader with 2 workers a rank (prefetching), 121 samples in steps of 3x2
+    (the last step leaves two ranks a weightless filler), rank 2 SIGKILLed from outside
+    in the first epoch: every weight of the oracle (tests/workers/torch_job.py) is -1 after
+    the first epoch and -2 after the second, on every survivor."""
+    job = run_job("torch_job.py", "exactly_once", 2, 121, np=3, tmp_path=tmp_path, timeout=300,
+                  launcher=AS_HOROVOD, watcher=_kill_after(2, 8, seed=2))
+    out = job.out_dir
+    assert (out / "victim").exists(), job.output[-3000:]
+    assert sorted(job.results) == [0, 1], job.output[-3000:]
+    assert_same_weights_every_step(out)
+    for r in job.results.values():
+        assert r["after_epoch"] == [[-1.0], [-2.0]], r["after_epoch"]
+        assert r["sizes"][0] == 3 and r["sizes"][-1] == 2
+        # the change made the draws differ from what was loading: thrown away, reloaded
+        assert r["discarded"] > 0 and r["loaders_started"] >= 3, r
+    assert "raised an uncaught exception" not in job.output  # the kill, not a worker's loss
+    assert "the samples the lost rank had not trained go back into the epoch" in job.output

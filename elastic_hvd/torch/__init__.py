@@ -25,6 +25,7 @@ from .mpi_ops import (HorovodInternalError, ProcessSet, add_process_set,  # noqa
                       grouped_reducescatter, grouped_reducescatter_async, join, poll,
                       reducescatter, reducescatter_async, remove_process_set,
                       sparse_allreduce_async, start_timeline, stop_timeline, synchronize)
+from .data import ElasticDataLoader  # noqa: F401
 from .optimizer import DistributedOptimizer  # noqa: F401
 from .sync_batch_norm import SyncBatchNorm  # noqa: F401
 from . import elastic  # noqa: F401 (hvd.elastic)

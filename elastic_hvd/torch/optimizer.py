@@ -25,6 +25,7 @@ from ..common.util import split_list
 from ..core import reducer
 from ..core.ops import Average, check_op
 from .compression import Compression, Compressor
+from .data import data_state, weightless_step
 from .functions import broadcast_object
 from .mpi_ops import ProcessSet, check_process_set, global_process_set, run, to_numpy, to_tensor
 
@@ -164,10 +165,16 @@ class _DistributedOptimizer:
                 members.append((p, compressed, ctx))
             if members:
                 dense.append(members)
+        # A weightless filler batch (ElasticDataLoader, the end of an epoch) adds nothing.
+        zero = weightless_step()
         arrays = [to_numpy(c) for members in dense for _, c, _ in members]
+        if zero:
+            arrays = [np.zeros_like(a) for a in arrays]
         for p in sparse:
             g = p.grad.coalesce()  # type: ignore[union-attr]
-            arrays += [to_numpy(g.values()), to_numpy(g.indices().transpose(0, 1).contiguous())]
+            values = to_numpy(g.values())
+            arrays += [np.zeros_like(values) if zero else values,
+                       to_numpy(g.indices().transpose(0, 1).contiguous())]
         average = self.op == Average
         prescale = 1.0 / self.gradient_predivide_factor if average else 1.0
         postscale = self.gradient_predivide_factor if average else 1.0
@@ -204,6 +211,8 @@ class _DistributedOptimizer:
             self._hvd_delay[p] = self.backward_passes_per_step
         self._hvd_pending.clear()
         self._synchronized = True
+        if zero:
+            data_state().weightless_step = False
 
     @contextlib.contextmanager
     def skip_synchronize(self) -> Iterator[None]:

@@ -4,6 +4,7 @@
     python torch_job.py collectives      # every collective's values on 2 ranks
     python torch_job.py train STEPS      # a training loop, a digest after every step
     python torch_job.py elastic EPOCHS   # the same under hvd.elastic.run, an ElasticSampler
+    python torch_job.py exactly_once EPOCHS SAMPLES   # ElasticDataLoader's oracle
 
 ``train``: a small conv net on generated data (each rank's batches a function of its
 original id and the step) plus two *counters*, vectors with one entry per original id,
@@ -301,10 +302,42 @@ def train_elastic(epochs):
     _report(me, model, sizes, batches_per_epoch=seen)
 
 
+def exactly_once(epochs, samples):
+    """The exactly-once oracle: one weight per sample id, the loss the sum of the weights
+    of this rank's batch (gradient 1 at each id trained), op=Sum and lr 1: every epoch
+    must subtract exactly 1 from every weight, whoever trained it, whatever was lost.
+    It reads what the optimizer applied, not the sampler's rule."""
+    hvd.init()
+    me = runtime.current().original_id
+    data = torch.utils.data.TensorDataset(torch.arange(samples))
+    w = torch.nn.Parameter(torch.zeros(samples))
+    opt = hvd.DistributedOptimizer(torch.optim.SGD([w], lr=1.0), named_parameters=[("w", w)],
+                                   op=hvd.Sum)
+    loader = hvd.ElasticDataLoader(data, batch_size=2, shuffle=True, seed=5, num_workers=2)
+    sizes, after_epoch = [], []
+    for epoch in range(epochs):
+        for batch, (ids,) in enumerate(loader):
+            opt.zero_grad()
+            w[ids].sum().backward()
+            opt.step()
+            sizes.append(hvd.size())
+            with open(os.path.join(OUT, f"steps{me}.jsonl"), "a") as f:
+                f.write(json.dumps({"step": runtime.session().step, "epoch": epoch,
+                                    "batch": batch, "digest": digest(torch.nn.ParameterList([w])),
+                                    "size": hvd.size(), "time": time.time()}) + "\n")
+            time.sleep(0.02)
+        after_epoch.append(sorted(set(w.tolist())))
+    report.write(me, rank=hvd.rank(), size=hvd.size(), steps=runtime.session().step,
+                 weights=w.tolist(), after_epoch=after_epoch, sizes=sizes,
+                 discarded=loader.discarded, loaders_started=loader.loaders_started)
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "collectives":
         collectives()
     elif sys.argv[1] == "elastic":
         train_elastic(int(sys.argv[2]))
+    elif sys.argv[1] == "exactly_once":
+        exactly_once(int(sys.argv[2]), int(sys.argv[3]))
     else:
         train(int(sys.argv[2]))
