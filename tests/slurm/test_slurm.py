@@ -111,6 +111,22 @@ def test_a_two_node_allocation_is_taken_by_elastic_hvd_run_and_plain_mpirun(clus
             seconds=round(time.monotonic() - started, 1))
 
 
+def test_salloc_runs_mpirun_on_the_login_node_and_ranks_on_the_allocation(cluster, jobs,
+                                                                          tmp_path):
+    # SALLOC_NO_KILL=1 is salloc's --no-kill, and the one form of it the job can see.
+    out = tmp_path / "out"
+    out.mkdir()
+    done = cluster.sh(f"cd {tmp_path} && TMPDIR={tmp_path} TEST_OUT_DIR={out} SALLOC_NO_KILL=1 "
+                      f"salloc -N2 --ntasks-per-node=2 elastic-hvd-run -x TEST_OUT_DIR "
+                      f"python {WORKERS}/hosts.py layout", timeout=180, env=jobs.env(),
+                      check=False)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-3000:]
+    assert "--no-kill" not in output
+    ranks = results(out)
+    assert [ranks[i]["host"] for i in range(4)] == ["node1", "node1", "node2", "node2"], output
+
+
 def test_a_job_without_no_kill_is_warned_at_start(cluster, jobs, tmp_path):
     job = jobs.sbatch(f"mkdir -p {tmp_path}/o\nTEST_OUT_DIR={tmp_path}/o elastic-hvd-run "
                       f"-x TEST_OUT_DIR python {WORKERS}/hosts.py layout", options=TWO_NODES)
@@ -206,6 +222,33 @@ def test_a_lost_node_is_relaunched_on_what_is_left_and_slurm_keeps_the_job(clust
     measure(cluster, "node lost (slurmd + every process, network gone): loss -> relaunched "
             "job's first step", seconds=round(again - lost, 1), victims=len(victims),
             steps_redone=done - restored["step"], node_state=node2)
+
+
+def test_without_no_kill_slurm_ends_the_allocation_after_a_node_loss(cluster, jobs, tmp_path):
+    # Why the launcher warns: the relaunch on node1 starts, and Slurm ends it with the job
+    # once node2 is DOWN (SlurmdTimeout).
+    out = tmp_path / "out"
+    job = jobs.sbatch(f"mkdir -p {out}\nexport TEST_OUT_DIR={out}\n"
+                      f"exec elastic-hvd-run -np 4 -x TEST_OUT_DIR "
+                      f"python {WORKERS}/hosts.py steps 6000 0.02", options=TWO_NODES)
+
+    def progressed():
+        done = [int(p.read_text() or 0) for p in out.glob("progress*")]
+        return len(done) == 4 and min(done) >= 20
+    cluster.wait_for(progressed, 120, "every rank passed step 20")
+    cluster.lose_node("node2")
+    lost = time.monotonic()
+    try:
+        info = jobs.wait_state(job, ("NODE_FAIL", "COMPLETED", "FAILED", "CANCELLED"), 120)
+        ended = time.monotonic() - lost
+    finally:
+        cluster.revive("node2")
+    output = jobs.output(job)
+    assert info["JobState"] == "NODE_FAIL", (info, output[-3000:])
+    assert "was not seen to have --no-kill" in output
+    measure(cluster, "node lost without --no-kill: loss -> Slurm ends the job (NODE_FAIL)",
+            seconds=round(ended, 1), relaunched="relaunching on node1:2" in output,
+            slurmd_timeout=10)
 
 
 def test_a_requeued_job_resumes_from_its_checkpoint_exactly_once(cluster, jobs, tmp_path):
