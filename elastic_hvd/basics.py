@@ -77,6 +77,8 @@ def rank() -> int:
 
 def _local_peers(comm: ResilientComm) -> tuple[list[int], list[str | None]]:
     hosts = comm.hosts()
+    if comm.joining:  # a spare or spawned process, no member yet: alone on its host so far
+        return [comm.rank], hosts
     mine = hosts[comm.rank]
     return [r for r, h in enumerate(hosts) if h == mine], hosts
 
@@ -101,6 +103,8 @@ def _local_ranks(comm: ResilientComm) -> list[int]:
 def cross_size() -> int:
     """Number of ranks that share this rank's local rank (one per host, as in Horovod)."""
     comm = _comm("hvd.cross_size()")
+    if comm.joining:  # no member yet (see _local_peers)
+        return 1
     local = _local_ranks(comm)
     return local.count(local[comm.rank])
 
@@ -109,6 +113,8 @@ def cross_rank() -> int:
     """This rank's position among the live ranks with its local rank (one per host,
     in rank order), as in Horovod."""
     comm = _comm("hvd.cross_rank()")
+    if comm.joining:  # no member yet (see _local_peers)
+        return 0
     local = _local_ranks(comm)
     return [r for r, lr in enumerate(local) if lr == local[comm.rank]].index(comm.rank)
 

@@ -152,6 +152,24 @@ class GrowthPolicy:
             self._failed(comm)
         return None
 
+    def refill(self, growth: "Growth") -> None:
+        """Call after every step on every rank of a job whose spares take a lost rank's
+        number (a plain script's: ``growth.spares_in_place``), a member's policy state
+        the same on every rank: with ``respawn``, spawn a process that waits as a spare
+        (in ``init()``, for a claim) while the spares fall short of the vacant rank
+        numbers plus ``spares``, one per step.  A spawned process is a spare that
+        arrives late: rank 0 claims it for a vacant number and an epoch's start adopts
+        it, as a spare of the world."""
+        comm = growth.comm
+        self.steps += 1
+        if not self.respawn or comm.joining or growth.pending or self.steps < self.next_try:
+            return
+        if len(growth.vacant_slots()) + self.spares <= growth.spares_left:
+            return
+        self._generation = comm.generation
+        if not growth.spawn_spare(self.lost_hosts(comm)[:1]):
+            self._failed(comm)
+
     def _failed(self, comm: "Communicator") -> None:
         """The last spawn (or its join) did not bring a rank.  Not counted when the job's
         own ranks changed since it began."""
@@ -253,6 +271,10 @@ CANNOT_GROW_WARNING = (
     "point: lost ranks will not be replaced and no ranks added. Train with "
     "keras_callbacks.ElasticGrowth (in fit_elastic's callbacks) or under hvd.elastic.run with "
     "state.commit().")
+CANNOT_ADD_WARNING = (
+    "elastic_hvd: WARNING: the job was asked to add ranks (--max-np {max_np}), but this script "
+    "has no growth point: no ranks will be added (lost ranks are replaced, at an epoch's "
+    "start). Train with hvd.fit, or keras_callbacks.ElasticGrowth in fit_elastic's callbacks.")
 
 
 def warn_if_cannot_grow(session: "Session", comm: "ResilientComm", growth: "Growth") -> None:
@@ -264,10 +286,13 @@ def warn_if_cannot_grow(session: "Session", comm: "ResilientComm", growth: "Grow
 
     def check(_ids: Sequence[int]) -> None:
         session.commits.remove(check)
-        if policy.spares and growth.spares_in_place and not (policy.respawn or policy.max_np):
-            return  # spares wait in init() and take the lost ranks' numbers
+        if growth.spares_in_place and not policy.max_np:
+            return  # spares (spawned ones too) wait in init() and take the lost ranks' numbers
         if not process.runtime().layers.get(Seen).growth_point and comm.rank == 0 \
                 and not comm.joining:
+            if growth.spares_in_place:
+                _log.warning(CANNOT_ADD_WARNING.format(max_np=policy.max_np))
+                return
             what = ("--respawn" if policy.respawn else "--spares" if policy.spares
                     else f"--max-np {policy.max_np}")
             _log.warning(CANNOT_GROW_WARNING.format(what=what))

@@ -290,6 +290,7 @@ def test_no_loss_releases_the_spares(tmp_path):
 
 # -- a plain Horovod-style Keras script (workers/plain_spare.py) --------------------------
 PLAIN_EPOCHS, PLAIN_STEPS = 14, 6  # 48 samples a rank, batches of 8
+RESPAWN_EPOCHS = 100  # slow steps until the replacement trains, then fast ones
 
 
 @pytest.mark.check
@@ -321,6 +322,86 @@ def test_a_plain_horovod_script_regains_its_size_with_a_spare(tmp_path):
                          for r in results.values())
         assert trained == [(s, PLAIN_STEPS) for s in range(4)], (epoch, trained)
     assert "no growth point" not in job.output
+
+
+def kill_each_once_replaced(kills, processes):
+    """A watcher for a plain script: once all ``processes`` started and 4 ranks trained, for each
+    ``(world rank, processes started by then)`` of ``kills``: wait until that many
+    processes have started (a spawned spare that refills the pool is one), SIGKILL that
+    world rank, and wait until a process that had not trained before trains a step (its
+    replacement joined); then end the job's slow steps (``hold``).  ``seen``: the pids
+    that had started before each kill."""
+    seen = []
+
+    def started(out):
+        return {int(p.name.split("-")[1]) for p in out.glob("started-*")}
+
+    def trained(out):
+        return {int(p.stem[len("steps"):]) for p in out.glob("steps*.jsonl")}
+
+    def watch(out, marker):
+        until(lambda: len(started(out)) >= processes, 240, f"all {processes} processes "
+              "past init()")
+        until(lambda: len(trained(out)) >= 4, 240, "the 4 ranks trained a step")
+        ranks = job_ranks(marker)
+        for rank, before in kills:
+            until(lambda n=before: len(started(out)) >= n, 240, f"{before} processes started")
+            time.sleep(random.uniform(0, 0.2))
+            seen.append(started(out))
+            old = trained(out)
+            os.kill(ranks[rank], signal.SIGKILL)
+            until(lambda old=old: trained(out) - old, 300, f"a replacement of world rank {rank} "
+                  "trained a step")
+        (out / "hold").unlink()
+    watch.seen = seen
+    return watch
+
+
+@pytest.mark.parametrize("spares", [0, 1])
+def test_a_plain_horovod_script_regains_its_size_with_respawn(tmp_path, spares):
+    # --respawn: world rank 1 is SIGKILLed from outside; its replacement is spawned, waits
+    # in init() for the lost rank's number (claimed over its channel), runs the script as
+    # rank 1 and joins at an epoch's start as a world spare does: 4 ranks again.
+    # --spares 1 --respawn: the world spare replaces rank 1, a spawned spare refills the
+    # pool and waits in init(), and replaces world rank 2, killed once it waits.
+    # Steps are slow (``hold``) until the last replacement trains, so that a spawned
+    # process's start-up (TensorFlow's import: ~20 s on a busy 2-core machine) fits.
+    (tmp_path / "out").mkdir(parents=True)
+    (tmp_path / "out" / "hold").touch()
+    kills = [(1, 4 + spares)] + ([(2, 6)] if spares else [])
+    watcher = kill_each_once_replaced(kills, 4 + spares)
+    launcher = ["--respawn"] + (["--spares", str(spares)] if spares else [])
+    job = run_job("plain_spare.py", RESPAWN_EPOCHS, np=4, launcher=launcher,
+                  env={"TEST_STEP_SLEEP": "0.02", "TEST_HOLD_SLEEP": "0.25"},
+                  tmp_path=tmp_path, timeout=580, watcher=watcher)
+    results = job.results
+    assert job.returncode == 0, job.output[-4000:]
+    final = [0, 3, 4, 5] if spares else [0, 2, 3, 4]
+    assert sorted(results) == final, job.output[-4000:]
+    # Every rank ends at the job's starting size, each in the rank order it started with.
+    assert sorted(tuple(r["ends_as"]) for r in results.values()) == [(s, 4) for s in range(4)]
+    history = ([([1], []), ([], [4]), ([2], []), ([], [5])] if spares else
+               [([1], []), ([], [4])])
+    for r in results.values():
+        assert [(e["lost"], e["gained"]) for e in r["events"]] == history
+    assert results[4]["started_as"] == [1, 4]  # the lost rank's number and shard, the size
+    assert results[4 + spares]["local_at_start"] == [0, 1]  # no member yet: alone on its host
+    if spares:
+        assert results[5]["started_as"] == [2, 4]
+        # the refill: spawned before the second loss, it waited in init() for a claim
+        assert results[5]["pid"] in watcher.seen[1] and results[5]["pid"] not in watcher.seen[0]
+    assert_same_weights_every_step(tmp_path / "out")
+    assert len({r["digest"] for r in results.values()}) == 1
+    assert [r["lr"] for r in results.values()] == [pytest.approx(0.04)] * 4
+    # From the last replacement's first epoch on, every starting rank number (0..3)
+    # trained its whole shard exactly once per epoch.
+    joined = max(r["epochs"][0][0] for r in results.values())
+    assert joined < RESPAWN_EPOCHS - 1, "the replacement joined too late to check anything"
+    for epoch in range(joined, RESPAWN_EPOCHS):
+        trained = sorted((r["started_as"][0], dict(map(tuple, r["epochs"])).get(epoch))
+                         for r in results.values())
+        assert trained == [(s, PLAIN_STEPS) for s in range(4)], (epoch, trained)
+    assert "no growth point" not in job.output and "will not be replaced" not in job.output
 
 
 def test_a_rank_lost_while_the_ranks_choose_a_spare_is_an_event_of_its_own(tmp_path):

@@ -239,11 +239,12 @@ class Growth:
                                     f"spawning {count} process(es)")
 
     def spawn_spare(self, hosts: Sequence[str] = ()) -> bool:
-        """Start one process that waits as a hot spare (collective): it refills the
-        pool once a spare was adopted (``--spares K --respawn``, see :mod:`.spares`).
-        True if it is on its way; never in a job whose spares take a lost rank's
-        number (a plain script's spares wait in ``init()`` for a claim on the world)."""
-        if self._pending is not None or self.pool.in_place:
+        """Start one process that waits as a hot spare (collective): a spare that arrives
+        late.  It refills the pool once a spare was adopted (``--spares K --respawn``),
+        and in a job whose spares take a lost rank's number it is how ``--respawn``
+        replaces one: it waits in ``init()`` for a claim on its channel (see
+        :mod:`.spares`).  True if it is on its way."""
+        if self._pending is not None:
             return False
         generation = self.comm.generation
         self.spawns += 1

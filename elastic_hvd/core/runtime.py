@@ -100,16 +100,13 @@ def init(comm: Any = None, *, min_np: int | None = None,
         why = ("launched without --with-ft ulfm" if not ft_enabled()
                else "this MPI library has no ULFM support")
         _log.warning(NOT_ELASTIC_WARNING.format(why=why))
-    pool: Sequence[tuple[int, str]]  # the spares not adopted yet: (world rank, host)
-    pool, in_place = (), False
+    pool: Sequence[tuple[int, str]] = ()  # the spares not adopted yet: (world rank, host)
+    in_place = elastic and _in_place(settings, has_growth_point)
     if settings.spares and rt.invitation is None:
         if not elastic or comm is not None:
             raise ValueError(f"{config.env('spares')}={settings.spares}: hot spares need fault "
                              "tolerance (--with-ft ulfm) and init() on the whole world")
         base, pool, trainers = split_world(MPI, settings.spares)
-        in_place = settings.spares_wait == "init" or (
-            settings.spares_wait == "auto" and has_growth_point is not None
-            and not has_growth_point())
         if base is None:  # this process is a spare: it joins when adopted
             rt.invitation = SpareInvitation(MPI, trainers)
             base = MPI.COMM_SELF
@@ -123,8 +120,8 @@ def init(comm: Any = None, *, min_np: int | None = None,
         mismatch_timeout=(settings.mismatch_timeout if mismatch_timeout is None
                           else mismatch_timeout),
         elastic=elastic, heartbeat=heartbeat, invitation=rt.invitation)
-    rt.growth = growth = Growth(comm_, rt.invitation, pool, in_place)
-    rt.invitation = None  # taken: its communicator becomes the live one when this process joins
+    invitation, rt.invitation = rt.invitation, None  # taken: its communicator becomes the
+    rt.growth = growth = Growth(comm_, invitation, pool, in_place)  # live one once it joins
     if elastic and rt.stopped_peers is None:  # what Open MPI's detector does not see
         rt.stopped_peers = StoppedPeers()
         rt.stopped_peers.start()
@@ -139,11 +136,22 @@ def init(comm: Any = None, *, min_np: int | None = None,
     atexit.register(_at_exit, MPI, heartbeat)
     sys.excepthook = _crash_after(sys.excepthook)
     if in_place:
-        if comm_.joining:
+        if isinstance(invitation, SpareInvitation):
             growth.await_claim()  # returns as the lost rank it replaces
-        else:
-            rt.session.commits.add(lambda _ids: growth.claim_spares())
+        # rank 0 claims (whoever it is by then: a replacement too, once it joined)
+        rt.session.commits.add(lambda _ids: growth.claim_spares())
     return comm_
+
+
+def _in_place(settings: config.Config, has_growth_point: Callable[[], bool] | None) -> bool:
+    """Whether this job's replacements (spares of the world, or spawned ones under
+    ``--respawn``) wait in ``init()`` and take a lost rank's number: a plain script's
+    (see :mod:`.spares`).  Decided alike in every process of the job, spawned ones
+    included: the same settings, the same script."""
+    return bool(settings.spares or settings.respawn) and (
+        settings.spares_wait == "init" or (settings.spares_wait == "auto"
+                                           and has_growth_point is not None
+                                           and not has_growth_point()))
 
 
 def _who() -> str:

@@ -184,14 +184,13 @@ class SparePool:
         on another host than the slot's last holder; again if a claimed spare died
         before it was adopted.  Returns the claims sent now."""
         comm = self.comm
-        if not (self.in_place and self.in_world and self.spares) or comm.rank != 0:
+        if not (self.in_place and self.spares) or comm.rank != 0:
             return []
         vacant = self.vacant_slots()
         if not vacant:  # the usual case: a few set operations per step
             self._claims.clear()
             return []
-        failed = _world_keys(spares.failed_ranks(comm.MPI))
-        pool = {key: host for key, host in self.spares if key not in failed}
+        pool = {key: host for key, host in self.spares if self._reachable(key)}
         self._claims = {key: c for key, c in self._claims.items()
                         if key in pool and c.slot in vacant}
         claimed = {c.slot for c in self._claims.values()}
@@ -204,11 +203,26 @@ class SparePool:
             lost_host = comm.host_of(max(last)) if last else None
             chosen = next((p for p in free if p.host != lost_host), free[0])
             free.remove(chosen)
-            send = spares.claim(comm.MPI, chosen.key.number, slot, comm.initial_size)
+            send = spares.claim(comm.MPI, *self._address(chosen.key), slot, comm.initial_size)
             if send is not None:
                 self._claims[chosen.key] = Claim(slot, send)
                 sent.append(Claimed(chosen, slot, max(last) if last else slot))
         return sent
+
+    def _address(self, key: SpareKey) -> tuple[Any, int]:
+        """(channel, rank there) of a spare: the world's, or a spawned one's own channel."""
+        if key.in_world:
+            return self.comm.MPI.COMM_WORLD, key.number
+        channel = self.channels[key]
+        return channel, channel.size - 1
+
+    def _reachable(self, key: SpareKey) -> bool:
+        """Whether this rank can send to the spare ``key`` (local): a world spare from a
+        world process, a spawned one from a rank that spawned it; not known to have failed."""
+        if key.in_world and not self.in_world or not key.in_world and key not in self.channels:
+            return False
+        channel, rank = self._address(key)
+        return rank not in spares.failed_ranks(self.comm.MPI, channel)
 
     def release(self) -> None:
         """At the job's end: the spares not adopted may go (world processes tell the

@@ -34,15 +34,16 @@ adoption's root kills such a spare when it runs on its host (its pid came with i
 
 A plain Horovod-style script has no growth point (it shards its data by
 ``hvd.rank()`` before anything else and trains with ``model.fit``), so there a
-spare waits *inside* ``init()`` (``ELASTIC_HVD_SPARES_WAIT``, see
-``elastic_hvd.growth_policy.spares_wait_in_init``) for a third message:
+spare waits *inside* ``init()`` (``ELASTIC_HVD_SPARES_WAIT``; ``auto`` reads the
+script: ``elastic_hvd.growth_policy.main_has_growth_point``) for a third message:
 
 * *claim* (a slot and the job's size): after a loss, rank 0 gives the lost rank's
   number (its *slot*) to one spare (:meth:`.growth.Growth.claim_spares`, no
-  collective); ``init()`` returns with that rank and size, the script loads that
-  rank's data and builds its model while the others train on, and the Keras layer
-  joins it at the start of the next epoch (``elastic_hvd.tensorflow.keras.replacement``),
-  in the lost rank's place in the rank order.
+  collective), a spare of the world or a spawned one (on its channel, below);
+  ``init()`` returns with that rank and size, the script loads that rank's data and
+  builds its model while the others train on, and the Keras layer joins it at the
+  start of the next epoch (``elastic_hvd.tensorflow.keras.replacement``), in the lost
+  rank's place in the rank order.
 
 Why a port and not ``MPI_Intercomm_create`` over ``MPI_COMM_WORLD``: once a world
 rank has died, Open MPI 5.0.11's ``MPI_Intercomm_create`` with the world as its
@@ -55,14 +56,18 @@ of a percent of a core: docs/measurements.md), while the heartbeat's native loop
 the detector fed.  A spare also leaves once every training rank of the world is gone: nobody could
 adopt or release it then.
 
-**Spawned spares refill the pool** (``--spares K --respawn``): once a spare has
-replaced a lost rank, the training ranks spawn a process that waits as a spare
-(:meth:`.growth.Growth.spawn_spare`), so that the next loss too costs a step, not a
-start-up.  It has a world of its own, so its messages (ready, adopt, release) travel
-on the communicator merged with the ranks that spawned it, its *channel*, instead of
-``MPI_COMM_WORLD``; the pool names it by a negative key.  Only the ranks that spawned
-it hold that channel: one of them sends it the port, and once all of them are gone
-nobody can adopt it -- it leaves, and the pool drops it.
+**A spawned process is a spare that arrives late** (:meth:`.growth.Growth.spawn_spare`).
+With ``--spares K --respawn``, once a spare has replaced a lost rank, the training ranks
+spawn one that waits as a spare, so that the next loss too costs a step, not a
+start-up.  In a plain script's job, ``--respawn`` replaces a lost rank that way (the
+growth policy's ``refill``, after each step): the spawned process waits in ``init()``
+for a *claim* like a spare of the world, and is adopted at an epoch's start.  It has
+a world of its own, so its messages (ready, adopt, claim, release) travel on the
+communicator merged with the ranks that spawned it, its *channel*, instead of
+``MPI_COMM_WORLD``; the pool names it by its spawn's number (:class:`SpareKey`).
+Only the ranks that spawned it hold that channel: one of them sends it the port (rank
+0, the claim), and once all of them are gone nobody can adopt it -- it leaves, and the
+pool drops it.
 """
 
 import socket
@@ -388,13 +393,13 @@ class AdoptCall(MergeCall):
                 self._owner.MPI.Close_port(self._port)
 
 
-def claim(MPI: Any, spare: int, slot: int, size: int) -> Any:
+def claim(MPI: Any, channel: Any, spare: int, slot: int, size: int) -> Any:
     """Give the lost rank's number ``slot`` of a job of ``size`` ranks to the waiting
-    spare of world rank ``spare`` (a plain script's spare, waiting in ``init()``):
-    the send's request (it keeps its buffer), or None if the spare is known dead.
-    Never waits for the spare."""
+    spare of rank ``spare`` on ``channel`` (a plain script's spare, waiting in
+    ``init()``: on the world, or a spawned one's channel): the send's request (it keeps
+    its buffer), or None if the spare is known dead.  Never waits for the spare."""
     try:
-        return MPI.COMM_WORLD.Isend(np.array([slot, size], np.int32), spare, CLAIM)
+        return channel.Isend(np.array([slot, size], np.int32), spare, CLAIM)
     except MPI.Exception:
         return None
 

@@ -45,8 +45,9 @@ def _add_size_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--min-np", help="fewest ranks the job may continue with")
     p.add_argument("--respawn", action="store_true",
                    help="replace lost ranks with new processes, back up to -np, while training "
-                        "goes on; with --spares, also spawn spares that refill the pool (needs "
-                        "keras_callbacks.ElasticGrowth or GrowthPolicy.step)")
+                        "goes on (a script with a growth point: at a step boundary; a plain "
+                        "Horovod Keras script: at an epoch's start, as a spare); with --spares, "
+                        "also spawn spares that refill the pool")
     p.add_argument("--spares", metavar="K",
                    help="start K more processes as hot spares: ready to train, outside the "
                         "job's collectives, each replaces a lost rank: at the next step "

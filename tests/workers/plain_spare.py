@@ -5,7 +5,8 @@ hot spares: nothing in it knows about failures or spares.
 Test-only additions: a ``started-<pid>`` marker before ``init()`` (the test's
 watcher kills from outside once every process runs), a weight digest after every
 step (``stepcheck``), each epoch's batches with the rank the script started as,
-and a result file per process that ends training.  argv: epochs.
+a result file per process that ends training, and slow steps while the test holds
+them (``TEST_HOLD_SLEEP`` more seconds a step while ``<out>/hold`` exists).  argv: epochs.
 """
 
 import json
@@ -26,6 +27,7 @@ open(os.path.join(OUT, f"started-{os.getpid()}"), "w").close()
 
 hvd.init()
 rank, size = hvd.rank(), hvd.size()  # what a plain script shards its data by
+local = [hvd.local_rank(), hvd.local_size()]  # a GPU would be pinned by it here
 x = np.random.default_rng(rank).normal(size=(SAMPLES, 4)).astype("float32")
 y = x.sum(1, keepdims=True)
 model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(8),
@@ -47,6 +49,8 @@ class Epochs(tf.keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         self.batches += 1
         time.sleep(float(os.environ.get("TEST_STEP_SLEEP", "0")))
+        if os.path.exists(os.path.join(OUT, "hold")):
+            time.sleep(float(os.environ.get("TEST_HOLD_SLEEP", "0")))
 
     def on_epoch_end(self, epoch, logs=None):
         self.epochs.append((epoch, self.batches))
@@ -59,6 +63,7 @@ model.fit(x, y, batch_size=BATCH, epochs=EPOCHS, verbose=0, shuffle=False,
 comm = runtime.current()
 with open(os.path.join(OUT, f"rank{comm.original_id}.json"), "w") as f:
     json.dump({"pid": os.getpid(), "started_as": [rank, size], "ends_as": [hvd.rank(), hvd.size()],
+               "local_at_start": local,
                "epochs": epochs.epochs, "digest": StepDigests.digest(model),
                "lr": float(model.optimizer.learning_rate.numpy()),
                "events": [{"lost": list(e.lost), "gained": list(e.gained)} for e in comm.events]},

@@ -63,6 +63,7 @@ class BroadcastGlobalVariablesCallback(tf.keras.callbacks.Callback):
         if not self.broadcast_done:
             self._broadcast()
             self.broadcast_done = True
+        replacement.refill_at_step_end()  # a plain script's --respawn (see .replacement)
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         """Where a plain script's hot spare is adopted (see :mod:`.replacement`)."""

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 import tensorflow as tf
 
 from ...core import announce, runtime, timings
+from ..elastic import growth_policy
 from ..training_state import TrainingState
 
 if TYPE_CHECKING:
@@ -65,7 +66,7 @@ def _fit_as_replacement(model: Any, original: Callable[..., Any], args: tuple[An
     TrainingState(model).warm_up()
     event = runtime.growth("model.fit").join()
     state = comm.broadcast_object(None, root_rank=state_root(comm, event))
-    epoch = TrainingState(model).load_state(state)
+    epoch = TrainingState(model, policy=growth_policy()).load_state(state)
     for callback in bound.get("callbacks") or ():
         if hasattr(callback, "joined_at"):  # a BroadcastGlobalVariablesCallback
             callback.broadcast_done = True  # the live state is what the others have
@@ -91,13 +92,22 @@ def adopt_at_epoch_start(model: Any, epoch: int) -> "MembershipEvent | None":
         event = growth.poll()
         if event is not None:
             runtime.session().boundary()
-            comm.broadcast_object(TrainingState(model).state(epoch),
+            comm.broadcast_object(TrainingState(model, policy=growth_policy()).state(epoch),
                                   root_rank=state_root(comm, event))
             return event
         if not growth.pending:
             return None
         time.sleep(PAUSE)
     return None  # not ready yet: the next epoch's start looks again
+
+
+def refill_at_step_end() -> None:
+    """Every rank of an in-place job, after each step (collective when it spawns): with
+    ``--respawn``, spawn the spares that the vacant rank numbers need
+    (:meth:`.growth_policy.GrowthPolicy.refill`)."""
+    growth = runtime.growth("BroadcastGlobalVariablesCallback")
+    if growth.spares_in_place:
+        growth_policy().refill(growth)
 
 
 def state_root(comm: "ResilientComm", event: "MembershipEvent") -> int:
