@@ -26,7 +26,6 @@ from ..core import reducer
 from ..core.ops import Average, check_op
 from .compression import Compression, Compressor
 from .data import data_state, weightless_step
-from .functions import broadcast_object
 from .mpi_ops import ProcessSet, check_process_set, global_process_set, run, to_numpy, to_tensor
 
 #: Name of the step transaction in the core's messages.
@@ -83,7 +82,7 @@ class _DistributedOptimizer:
 
     def _hvd_partition(self, groups: Any) -> list[list[int]]:
         """Indices of the parameters per fused group: all in one without ``groups``;
-        else in rank 0's order of the parameters' names, as Horovod forms them."""
+        else formed as Horovod forms them."""
         indices = list(range(len(self._hvd_params)))
         if groups is None:
             return [indices]
@@ -100,10 +99,11 @@ class _DistributedOptimizer:
                     if id(p) in seen:
                         raise ValueError("A parameter can only appear once in groups.")
                     seen.add(id(p))
-        names = broadcast_object([self._parameter_names.get(p) for p in self._hvd_params], 0,
-                                 name="HorovodParameterOrder")
-        order = sorted(indices, key=lambda i: names.index(
-            self._parameter_names.get(self._hvd_params[i])))
+        # Horovod broadcasts rank 0's order of the parameters here; every rank builds the
+        # same model, so its own order is rank 0's (a rank that differs gets a MismatchError
+        # from the step's signature check), and construction stays free of collectives: a
+        # process that joins a running job builds its optimizer before it joins.
+        order = indices
         if isinstance(groups, list):
             parts = [[position[p] for p in group if p in position] for group in groups]
             grouped = {i for part in parts for i in part}

@@ -225,11 +225,19 @@ def digest(model):
     return h.hexdigest()
 
 
+#: Entries of the counters: original ids (a respawned process gets a new one).
+IDS = 8
+
+
+def _me():
+    return runtime.current().original_id
+
+
 def _setup():
     hvd.init()
-    me = runtime.current().original_id
-    torch.manual_seed(1234 + me)  # different initial weights: the broadcast must fix them
-    model = Net(hvd.size())
+    me = _me()  # None in a process spawned to join, until it joined (in hvd.elastic.run)
+    torch.manual_seed(1234 + (os.getpid() if me is None else me))  # the broadcast fixes them
+    model = Net(IDS)
     counters = [model.counter_a, model.counter_b]
     body = [p for n, p in model.named_parameters() if not n.startswith("counter")]
     opt = torch.optim.SGD([{"params": body, "lr": 0.01}, {"params": counters, "lr": 1.0}])
@@ -238,7 +246,8 @@ def _setup():
     return me, model, opt
 
 
-def _step(me, model, opt, x, y, sizes, batch, epoch=0):
+def _step(model, opt, x, y, sizes, batch, epoch=0):
+    me = _me()
     opt.zero_grad()
     loss = torch.nn.functional.cross_entropy(model(x), y) \
         + model.counter_a[me] + model.counter_b[me]
@@ -249,11 +258,11 @@ def _step(me, model, opt, x, y, sizes, batch, epoch=0):
         f.write(json.dumps({"step": runtime.session().step, "epoch": epoch, "batch": batch,
                             "digest": digest(model), "size": hvd.size(),
                             "time": time.time()}) + "\n")
-    time.sleep(0.02)
+    time.sleep(float(os.environ.get("TORCH_JOB_STEP_SLEEP", "0.02")))
 
 
-def _report(me, model, sizes, **more):
-    report.write(me, rank=hvd.rank(), size=hvd.size(), steps=runtime.session().step,
+def _report(model, sizes, **more):
+    report.write(_me(), rank=hvd.rank(), size=hvd.size(), steps=runtime.session().step,
                  counter_a=model.counter_a.tolist(), counter_b=model.counter_b.tolist(),
                  sizes=sizes, **more)
 
@@ -268,14 +277,14 @@ def train(steps):
         g = torch.Generator().manual_seed(me * 100003 + step)
         x = torch.randn(8, 1, 8, 8, generator=g)
         y = torch.randint(0, 3, (8,), generator=g)
-        _step(me, model, opt, x, y, sizes, step)
-    _report(me, model, sizes)
+        _step(model, opt, x, y, sizes, step)
+    _report(model, sizes)
 
 
 def train_elastic(epochs):
     """Horovod's elastic PyTorch idiom: hvd.elastic.run, TorchState with an
     ElasticSampler feeding a DataLoader, record_batch, commit every few batches."""
-    me, model, opt = _setup()
+    _, model, opt = _setup()
     g = torch.Generator().manual_seed(42)  # the same dataset on every rank
     data = torch.utils.data.TensorDataset(torch.randn(480, 1, 8, 8, generator=g),
                                           torch.randint(0, 3, (480,), generator=g))
@@ -288,7 +297,7 @@ def train_elastic(epochs):
     def fit(state):
         for state.epoch in range(state.epoch, epochs):  # noqa: B020 (Horovod's idiom)
             for batch, (x, y) in enumerate(loader):
-                _step(me, model, opt, x, y, sizes, batch, state.epoch)
+                _step(model, opt, x, y, sizes, batch, state.epoch)
                 state.sampler.record_batch(batch, 8)
                 state.batch = batch
                 if batch % 5 == 4:
@@ -299,7 +308,7 @@ def train_elastic(epochs):
             state.commit()
 
     fit(state)
-    _report(me, model, sizes, batches_per_epoch=seen)
+    _report(model, sizes, batches_per_epoch=seen)
 
 
 def exactly_once(epochs, samples):
