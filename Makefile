@@ -35,7 +35,7 @@ PYTEST = $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup tests
 # Strict mode (ELASTIC_HVD_STRICT): any anomaly of the core ends the job that met it,
 # and so fails its test, instead of being repaired and logged.
 test: lint
-	ELASTIC_HVD_STRICT=1 $(PYTEST)
+	ELASTIC_HVD_STRICT=1 $(PYTEST) --durations=20
 
 # Single-process tests only (< 2 min).
 test-fast: install
