@@ -109,7 +109,9 @@ def to_numpy(tensor: torch.Tensor) -> np.ndarray:
         t = t.float()
     if not t.is_contiguous():
         t = t.contiguous()
-    return t.resolve_conj().resolve_neg().numpy()
+    if t.is_conj() or t.is_neg():
+        t = t.resolve_conj().resolve_neg()
+    return t.numpy()
 
 
 def to_tensor(array: Any, like: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:

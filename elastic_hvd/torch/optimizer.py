@@ -38,8 +38,10 @@ class _DistributedOptimizer:
 
     _hvd_params: list[torch.Tensor]
     _hvd_groups: list[list[int]]
-    _hvd_delay: dict[torch.Tensor, int]
-    _hvd_pending: set[torch.Tensor]
+    #: Backward passes left before the reduction, by ``id`` of the parameter (a tensor's
+    #: own hash is a Python call: measurable per parameter and pass).
+    _hvd_delay: dict[int, int]
+    _hvd_pending: set[int]
 
     def _hvd_setup(self, named_parameters: Any, compression: type[Compressor],
                    backward_passes_per_step: int, op: int, gradient_predivide_factor: float,
@@ -75,7 +77,7 @@ class _DistributedOptimizer:
         self._hvd_params = [p for group in param_groups for p in group["params"]
                             if p.requires_grad]
         self._hvd_groups = self._hvd_partition(groups)
-        self._hvd_delay = {p: self.backward_passes_per_step for p in self._hvd_params}
+        self._hvd_delay = {id(p): self.backward_passes_per_step for p in self._hvd_params}
         self._hvd_pending = set()
         self._hvd_hooks = [p.register_post_accumulate_grad_hook(self._hvd_hook)
                            for p in self._hvd_params]
@@ -100,8 +102,8 @@ class _DistributedOptimizer:
                         raise ValueError("A parameter can only appear once in groups.")
                     seen.add(id(p))
         # Horovod broadcasts rank 0's order of the parameters here; every rank builds the
-        # same model, so its own order is rank 0's (a rank that differs gets a MismatchError
-        # from the step's signature check), and construction stays free of collectives: a
+        # same model, so its own order is rank 0's (shapes that differ fail the step's
+        # signature check with a MismatchError), and construction stays free of collectives: a
         # process that joins a running job builds its optimizer before it joins.
         order = indices
         if isinstance(groups, list):
@@ -114,12 +116,13 @@ class _DistributedOptimizer:
 
     def _hvd_hook(self, p: torch.Tensor) -> None:
         """A backward pass gave ``p`` its gradient: count it (reduced in synchronize)."""
-        if self._hvd_delay[p] <= 0:
+        key = id(p)
+        if self._hvd_delay[key] <= 0:
             raise AssertionError(
                 "Gradients were computed more than backward_passes_per_step times before call "
                 "to step(). Increase backward_passes_per_step to accumulate gradients locally.")
-        self._hvd_delay[p] -= 1
-        self._hvd_pending.add(p)
+        self._hvd_delay[key] -= 1
+        self._hvd_pending.add(key)
 
     @staticmethod
     def find_duplicates(lst: Sequence[Any]) -> set[Any]:
@@ -132,15 +135,13 @@ class _DistributedOptimizer:
 
     def set_backward_passes_per_step(self, passes: int) -> None:
         self.backward_passes_per_step = passes
-        for p in self._hvd_delay:
-            self._hvd_delay[p] = passes
+        self._hvd_delay = dict.fromkeys(self._hvd_delay, passes)
 
     def load_state_dict(self, *args: Any, **kwargs: Any) -> None:
         self._hvd_pending.clear()
         self._synchronized = False
         self._should_synchronize = True
-        for p in self._hvd_delay:
-            self._hvd_delay[p] = self.backward_passes_per_step
+        self._hvd_delay = dict.fromkeys(self._hvd_delay, self.backward_passes_per_step)
         super().load_state_dict(*args, **kwargs)  # type: ignore[misc]
 
     def synchronize(self) -> None:
@@ -207,8 +208,7 @@ class _DistributedOptimizer:
                     torch.from_numpy(np.ascontiguousarray(indices)).transpose(0, 1),
                     to_tensor(values, sparse_grad), sparse_grad.size(), check_invariants=False)
                 sparse_grad.zero_().add_(gathered.to(sparse_grad.device))
-        for p in self._hvd_delay:
-            self._hvd_delay[p] = self.backward_passes_per_step
+        self._hvd_delay = dict.fromkeys(self._hvd_delay, self.backward_passes_per_step)
         self._hvd_pending.clear()
         self._synchronized = True
         if zero:
