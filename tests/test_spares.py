@@ -29,7 +29,7 @@ def kill_world_ranks(*plan, processes=5):
     rank ``r`` after ``delay`` seconds for each ``(delay, r)`` of ``plan`` (a random
     moment of the step: steps take ~50 ms)."""
     def watch(out, marker):
-        until(lambda: len(list(out.glob("started-*"))) >= processes, 60,
+        until(lambda: len(list(out.glob("started-*"))) >= processes, 240,
               f"all {processes} processes past init()")
         ranks, started = job_ranks(marker), time.monotonic()
         for delay, rank in plan:
@@ -42,7 +42,7 @@ def kill_host(host, delay, processes=6):
     """A watcher: ``delay`` seconds after all ``processes`` are past ``init()``, SIGKILL
     every process of the job on simulated ``host``, spares included."""
     def watch(out, marker):
-        until(lambda: len(list(out.glob("started-*"))) >= processes, 60,
+        until(lambda: len(list(out.glob("started-*"))) >= processes, 240,
               f"all {processes} processes past init()")
         time.sleep(delay + random.uniform(0, 0.05))
         victims = job_ranks(marker, host)
