@@ -23,6 +23,7 @@ file list and a loading function, a finite ``tf.data.Dataset``).
 import inspect
 import os
 import threading
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Self
@@ -86,6 +87,7 @@ class WorkAhead:
             self.discarded += 1
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="elastic_hvd-data")
+            _cancel_at_exit(self._pool)
         for key, ids, weights in wanted:
             if key not in self._loads:
                 future = self._pool.submit(self.make, ids, weights, epoch)
@@ -126,6 +128,26 @@ class WorkAhead:
         with self._lock:
             self._live.discard(id(future))
             self._ready.pop(id(future), None)
+
+
+def _cancel_at_exit(pool: ThreadPoolExecutor) -> None:
+    """When the interpreter ends, ``pool``'s loads not yet started are cancelled: a
+    program that returns with batches queued ahead (``stop_training`` mid-epoch) ends
+    after the loads in progress, not after all of them.  (Python joins a pool's threads
+    before ``atexit`` runs; ``threading._register_atexit`` runs before that join.)"""
+    ref = weakref.ref(pool)
+
+    def cancel() -> None:
+        live = ref()
+        if live is not None:
+            live.shutdown(wait=False, cancel_futures=True)
+
+    register = getattr(threading, "_register_atexit", None)
+    if register is not None:
+        try:
+            register(cancel)
+        except RuntimeError:  # the interpreter is already ending
+            pass
 
 
 def elastic_dataset(sampler: ElasticSampler, load: Callable[..., Any],
@@ -306,7 +328,6 @@ class DatasetRows:
     def _spill(self, dataset: Any, spill_dir: str | None) -> None:
         import shutil
         import tempfile
-        import weakref
         directory = tempfile.mkdtemp(prefix="elastic_hvd-rows-", dir=spill_dir)
         weakref.finalize(self, shutil.rmtree, directory, True)
         specs = tf.nest.flatten(self.spec)

@@ -2,11 +2,15 @@
 
 ``<root>/Training/<Class>/*.jpg`` and ``<root>/Test/<Class>/*.jpg`` (the real
 dataset and the stand-in alike).  Training batches come from ``hvd.ElasticData``
-(exactly once per epoch, whatever dies); images are decoded on demand and cached
-when the dataset is small.
+(exactly once per epoch, whatever dies); each batch's images are decoded from
+their files when it is loaded, in ElasticData's work-ahead threads (PIL decodes and
+resizes without holding the GIL), while the step before it trains: nothing is
+cached, so the real dataset's size costs no memory.
 """
 
+import collections
 import os
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 from PIL import Image
@@ -41,25 +45,28 @@ def list_split(root, split, names):
 
 
 class Images:
-    """Decodes images to float32 [0, 1] at ``size`` x ``size``; caches up to ``cache`` of them."""
+    """Decodes images from their files to float32 [0, 1] at ``size`` x ``size``."""
 
-    def __init__(self, paths, size, cache=20000):
+    def __init__(self, paths, size):
         self.paths, self.size = paths, size
-        self._cache = {} if len(paths) <= cache else None
 
     def __call__(self, index):
-        if self._cache is not None and index in self._cache:
-            return self._cache[index]
         with Image.open(self.paths[index]) as image:
             array = np.asarray(image.convert("RGB").resize((self.size, self.size),
                                                             Image.BILINEAR), dtype=np.float32)
-        array /= 255.0
-        if self._cache is not None:
-            self._cache[index] = array
-        return array
+        return array / 255.0
 
     def batch(self, indices):
         return np.stack([self(i) for i in indices])
+
+    def batches(self, chunks, ahead=4):
+        """``batch(c)`` for each of ``chunks``, in order, decoded ``ahead`` in threads."""
+        with ThreadPoolExecutor(min(ahead, os.cpu_count() or 1)) as pool:
+            pending = collections.deque(pool.submit(self.batch, c) for c in chunks[:ahead])
+            for k in range(len(chunks)):
+                if k + ahead < len(chunks):
+                    pending.append(pool.submit(self.batch, chunks[k + ahead]))
+                yield pending.popleft().result()
 
 
 def augment(images, ids, epoch, seed):

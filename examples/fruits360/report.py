@@ -40,9 +40,10 @@ class EpochReport(tf.keras.callbacks.Callback):
     def test_accuracy(self):
         mine = np.arange(hvd.rank(), len(self.test_labels), hvd.size())
         correct = 0
-        for start in range(0, len(mine), self.batch_size):
-            ids = mine[start:start + self.batch_size]
-            predicted = np.argmax(self.model(self.test_images.batch(ids), training=False), axis=1)
+        chunks = [mine[start:start + self.batch_size]
+                  for start in range(0, len(mine), self.batch_size)]
+        for ids, images in zip(chunks, self.test_images.batches(chunks)):
+            predicted = np.argmax(self.model(images, training=False), axis=1)
             correct += int(np.sum(predicted == self.test_labels[ids]))
         total = hvd.allreduce(np.array([correct, len(mine)], dtype=np.int64), op=hvd.Sum).numpy()
         return total[0] / max(total[1], 1)

@@ -9,7 +9,12 @@
 
 Without ``--data-dir`` a procedurally drawn stand-in dataset in the Fruits 360
 layout is generated on first use (``data/fruits360-standin``): the real dataset
-cannot be downloaded on the machines this project is developed on.  Point
+cannot be downloaded on the machines this project is developed on; with
+``--standin-full``, one as large as the real training and test splits
+(``data/fruits360-standin-full``: 131 classes, ~67,700 + ~22,700 images; drawn in
+processes, minutes; ``python examples/fruits360/stand_in.py --full-size`` draws it
+beforehand).  Training images are decoded from their files a batch at a time, in
+ElasticData's work-ahead threads while the step before trains.  Point
 ``--data-dir`` at an unpacked Fruits 360 (the folder holding ``Training/`` and
 ``Test/``) to train on the real thing; ``--classes`` picks a subset.
 
@@ -37,6 +42,7 @@ import elastic_hvd.tensorflow.keras as hvd  # noqa: E402
 import keras_callbacks as kc  # noqa: E402
 
 DEFAULT_DATA = os.path.join("data", "fruits360-standin")
+FULL_DATA = os.path.join("data", "fruits360-standin-full")
 
 
 def parse_args(argv=None):
@@ -51,6 +57,8 @@ def parse_args(argv=None):
                    help="generate the stand-in into --data-dir if it is not there yet")
     p.add_argument("--classes", default=None,
                    help="a number (the first N classes) or comma-separated class names")
+    p.add_argument("--standin-full", action="store_true",
+                   help=f"a stand-in as large as the real dataset (default dir: {FULL_DATA})")
     p.add_argument("--standin-train", type=int, default=100, help="stand-in images per class")
     p.add_argument("--standin-test", type=int, default=34)
     p.add_argument("--image-size", type=int, default=64,
@@ -95,11 +103,25 @@ def _all_layers(layer):
         yield from _all_layers(inner)
 
 
+def training_data(paths, labels, args):
+    """The training samples: ``hvd.ElasticData`` over the files, each batch decoded (in
+    its work-ahead threads) and augmented per (sample, epoch)."""
+    images = data.Images(paths, args.image_size)
+
+    def load(ids, labels, epoch):
+        return data.augment(images.batch(ids), ids, epoch, args.seed), labels
+
+    return hvd.ElasticData((np.arange(len(paths)), labels), args.batch_size, load=load,
+                           seed=args.seed)
+
+
 def main(argv=None):
     args = parse_args(argv)
     hvd.init(min_np=args.min_np)
-    root = args.data_dir or DEFAULT_DATA
-    if args.data_dir is None or args.stand_in:
+    root = args.data_dir or (FULL_DATA if args.standin_full else DEFAULT_DATA)
+    if args.standin_full:
+        stand_in.generate(root, **stand_in.FULL_SIZE)
+    elif args.data_dir is None or args.stand_in:
         stand_in.generate(root, args.standin_train, args.standin_test)
     classes = args.classes
     if classes is not None:
@@ -113,13 +135,7 @@ def main(argv=None):
               f"{len(test_paths)} test images; {args.model} on {hvd.size()} ranks", flush=True)
 
     tf.keras.utils.set_random_seed(args.seed)
-    images = data.Images(train_paths, args.image_size)
-
-    def load(ids, labels, epoch):  # decoded on demand, augmented per (sample, epoch)
-        return data.augment(images.batch(ids), ids, epoch, args.seed), labels
-
-    samples = hvd.ElasticData((np.arange(len(train_paths)), train_labels), args.batch_size,
-                              load=load, seed=args.seed)
+    samples = training_data(train_paths, train_labels, args)
     model = build_model(args, len(names))
     optimizer = hvd.DistributedOptimizer(tf.keras.optimizers.Adam(args.lr * hvd.size()))
     model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy",
