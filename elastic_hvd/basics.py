@@ -12,7 +12,7 @@ from typing import Any
 from . import growth_policy
 from .core import process, runtime
 from .core.comm import ResilientComm
-from .core.errors import NO_PROCESS_SETS
+from .core.process_sets import init_process_sets
 from .core.mpi_env import ft_enabled
 
 
@@ -32,9 +32,9 @@ def when_replacing(hook: Callable[[], None]) -> None:
 
 def init(comm: Any = None, process_sets: Any = None,
          min_np: int | None = None) -> ResilientComm:
-    """Start elastic_hvd (idempotent).  ``comm``: mpi4py communicator or list of ranks."""
-    if process_sets not in (None, [], ()):
-        raise NotImplementedError(f"hvd.init(process_sets=...): {NO_PROCESS_SETS}")
+    """Start elastic_hvd (idempotent).  ``comm``: mpi4py communicator or list of ranks.
+    ``process_sets``: Horovod's (a list of ProcessSet, registered by every rank alike, or
+    ``"dynamic"``; see :func:`.core.process_sets.init_process_sets`)."""
     first = not runtime.is_initialized()
     started = runtime.init(comm, min_np=min_np,
                            has_growth_point=growth_policy.main_has_growth_point)
@@ -44,6 +44,8 @@ def init(comm: Any = None, process_sets: Any = None,
             hook()
     if first:
         growth_policy.warn_if_cannot_grow(runtime.session(), started, growth)
+    if not started.joining:  # a joiner takes the sets over when it joins (their book)
+        init_process_sets(started, process_sets, comm)
     return started
 
 

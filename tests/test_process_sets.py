@@ -7,7 +7,7 @@ jobs with real SIGKILLs (tests/workers/process_sets.py)."""
 import pytest
 
 from elastic_hvd.core import process_sets as ps
-from elastic_hvd.core.membership import Listeners, MembershipEvent
+from elastic_hvd.core.membership import Listeners
 from mpijob import run_job
 
 
@@ -125,12 +125,11 @@ def test_the_book_hands_the_table_to_a_joiner():
 def test_a_membership_event_derives_only_when_it_lost_a_member_of_a_set():
     registry = _registry([[0, 1]])
     comm = _Membership([0, 1, 2, 3], me=0)
-    ps.watch(comm, registry)
-    # a join, or a loss outside every set: no collective (comm.run would raise)
-    comm.listeners.notify(MembershipEvent(old_size=4, new_size=5, gained=(4,)))
-    comm.listeners.notify(MembershipEvent(old_size=4, new_size=3, lost=(3,)))
+    # a join (nobody lost), or a loss outside every set: no collective (comm.run would raise)
+    ps.after_loss(comm, registry, ())
+    ps.after_loss(comm, registry, (3,))
     with pytest.raises(AssertionError, match="no collective"):
-        comm.listeners.notify(MembershipEvent(old_size=4, new_size=3, lost=(1,)))
+        ps.after_loss(comm, registry, (1,))
 
 
 def test_the_step_transaction_runs_again_only_when_a_set_it_uses_changed():
@@ -263,3 +262,34 @@ def test_registration_gives_horovods_ids_and_duplicates(tmp_path):
         assert r["first"] == ([1, None, None, None, 3] if rank % 2 == 0
                               else [2, None, None, 1, 3])
         assert r["second"] == [1 + rank % 2, 3] and r["rank_in_sub"] == rank // 2
+
+
+@pytest.mark.multirank
+def test_tf_a_member_killed_inside_hvd_allreduce_on_its_set(tmp_path):
+    # The TF layer: hvd.init(process_sets=[A = {0, 1}, B = {2, 3}]); rank 1 SIGKILLs itself
+    # 10 ms into its 4th 16 MiB hvd.allreduce(..., process_set=A) (eager and tf.function
+    # calls alternate).  A's survivor finishes alone, B is untouched; after a global
+    # allreduce every survivor sees the same sets; a set broadcast from a global root rank
+    # and a DistributedGradientTape step on the set follow the survivors.
+    job = run_job("tf_process_sets.py", "6", "4", tmp_path=tmp_path, timeout=240)
+    assert sorted(job.results) == [0, 2, 3], job.output[-3000:]
+    zero = job.results[0]
+    assert all(exact for _, exact in zero["exact"])
+    assert [live for live, _ in zero["exact"]] == [[0, 1]] * 3 + [[0]] * 3
+    assert zero["set_events"] == [["set repair", 2, 1, [1]]]
+    for rank in (2, 3):
+        r = job.results[rank]
+        assert r["exact"] == [[[2, 3], True]] * 6 and r["set_events"] == []
+    for rank, r in job.results.items():
+        assert r["ids"] == [0, 2, 3] and r["global_events"] == [[1]] and r["total"] == 5.0
+        assert r["ids_and_ranks"] == {"0": [0, 1, 2], "1": [0], "2": [1, 2]}
+        assert r["included"] == [rank == 0, rank != 0]
+        assert r["included_op"] == int(rank == 0)
+    assert (zero["size"], zero["rank"], zero["size_op"]) == (1, 0, 1)
+    assert [(job.results[r]["size"], job.results[r]["rank"]) for r in (2, 3)] == [(2, 0), (2, 1)]
+    # broadcast from global rank max(set.ranks): rank 0 on A (alone), rank 2 (original 3) on B
+    assert zero["broadcast"] == 0.0 and zero["root_id"] == 0
+    assert job.results[2]["broadcast"] == job.results[3]["broadcast"] == 3.0
+    # A's survivor alone keeps its own gradient (Horovod's _allreduce_cond); B averages
+    assert zero["grad"] == 1.0
+    assert job.results[2]["grad"] == job.results[3]["grad"] == 3.5

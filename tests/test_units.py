@@ -398,10 +398,17 @@ def test_check_op_and_its_mpi_operation():
         mpi_op(mpi, ReduceOp.ADASUM)
 
 
-def test_refusals_say_what_is_not_supported_and_why():
-    from elastic_hvd import basics
-    with pytest.raises(NotImplementedError, match=r"init\(process_sets=.*re-derived"):
-        basics.init(process_sets=[[0]])
+def test_process_sets_are_checked_as_horovod_checks_them(monkeypatch):
+    # (process sets were refused until issue 45; tests/test_process_sets.py runs them)
+    from elastic_hvd.core import process_sets as ps
+    with pytest.raises(ValueError, match="list of process ranks or an mpi4py Comm"):
+        ps.ProcessSet([0.5])
+    assert ps.ProcessSet(range(3, 0, -1)).ranks == [1, 2, 3]
+    assert ps.ProcessSet([1]).size() is None  # unregistered, as Horovod's
+    monkeypatch.delenv("HOROVOD_DYNAMIC_PROCESS_SETS", raising=False)
+    with pytest.raises(ValueError, match="HOROVOD_DYNAMIC_PROCESS_SETS=1 to allow adding"):
+        ps.add_process_set([0])
+    assert not ps.remove_process_set(ps.ProcessSet([0]))  # never registered
 
 
 def test_reduce_input_widens_float16_prescales_and_never_writes_the_input():

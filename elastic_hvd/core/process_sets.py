@@ -13,7 +13,7 @@ communicator is made in two ways, both uniform over the processes that take part
 * **derived** from the global communicator (one ``MPI_Comm_split`` per set, inside one
   resilient transaction of the global communicator: :func:`derive`), when sets are
   registered (``init(process_sets=...)``, :func:`add`) and after every change of the
-  global membership (a repair that lost ranks, a join: :func:`watch`).  A set none of
+  global membership (a repair or a join that lost members: :func:`after_loss`).  A set none of
   whose members was lost keeps its communicator.
 * **repaired** by the set's own members when a collective *on the set* meets a failure
   (:class:`SetComm`: revoke, ``MPI_Comm_shrink`` of the set's communicator, agree): the
@@ -28,37 +28,33 @@ that waits for them in the global shrink while another member of one of its othe
 waits for it in that set's agreement would never return (docs/process-sets.md, "Why a
 set repairs itself").
 
-Everything here is called with the resilient communicator (``comm``) as an argument; it
-uses only its public surface (``ids``, ``original_id``, ``size``, ``MPI``, ``run``,
-``revoke``, ``settle``, ``retire``, ``listeners``, ``generation``, ``anomalies``,
-``mismatch_timeout``) and, until comm.py offers a public way to pause the progress loop,
-the communicator's heartbeat (see :func:`_paused`).
+Everything here is called with the resilient communicator (``comm``, which holds the
+:class:`Registry` as ``comm.process_sets``) as an argument; it uses only its public
+surface (``ids``, ``original_id``, ``size``, ``MPI``, ``run``, ``revoke``, ``settle``,
+``retire``, ``in_mpi``, ``label``, ``anomalies``, ``mismatch_timeout``).  A set's
+collectives run comm.py's transaction (:mod:`.transaction`) on the set's communicator.
 """
 
 import collections
-import contextlib
+import os
 import dataclasses
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, TypeVar
+from collections.abc import Callable, Iterable, Sequence
+from contextlib import AbstractContextManager
+from typing import Any, TypeVar, cast
 
 import numpy as np
 
-from . import faults, mpi_env, workarounds
 from .collectives import CollectivesMixin
-from .errors import ElasticHvdError, MismatchError, RemoteCollectiveError
-from .freshness import OUTCOME_MASK, Stamps
-from .membership import MembershipEvent
+from .errors import ElasticHvdError
+from .freshness import Stamps
 from .signature import SignaturePredictor
-from .timings import WAIT_PAUSE_FIRST, WAIT_PAUSE_MAX
+from .transaction import TransactionMixin
 
 #: The id of the global process set: every live rank.
 GLOBAL_ID = 0
 
 _T = TypeVar("_T")
-
-# Bits of a set transaction's agreement: the same meaning as comm.py's.
-_OK, _CLEAN, _PRE, _POST = 1, 2, 4, 8
 
 
 class UnknownProcessSetError(ValueError):
@@ -126,6 +122,8 @@ class _Entry:
         self.predictor = SignaturePredictor()
         self.stamps = Stamps()
         self.verify_next = False
+        #: While an anomaly of the set's transaction is repaired (see comm.py's _anomaly).
+        self.anomaly_deadline: Any = None
 
     def settle_on(self, mpi_comm: Any, live: Sequence[int], during: str,
                   repair_s: float = 0.0) -> None:
@@ -314,19 +312,18 @@ def derive(comm: Any, registry: Registry, set_ids: Iterable[int] | None = None,
     return wanted
 
 
-def watch(comm: Any, registry: Registry) -> Callable[[MembershipEvent], None]:
-    """Derive again, after every change of the global membership, the sets that lost
-    members (a listener of ``comm``; returned, to remove it).
+def after_loss(comm: Any, registry: Registry, lost: Iterable[int]) -> None:
+    """Derive again the sets that lost members, when a change of the global membership
+    lost ``lost`` (original ids): called by ``ResilientComm.record`` on every process of
+    the communicator, inside the repair (or the join) and before the change is announced,
+    so a listener may use the sets at once; a failed derivation fails the repair.
 
-    Until comm.py calls a hook of its own there (docs/process-sets.md, "Wiring"), this
-    runs as a membership listener: inside the repair, on every live rank alike."""
-    def listener(event: MembershipEvent) -> None:
-        # Decided from the event, the same on every rank: a join that lost nobody changes
-        # no set (joiners are in none yet), and needs no collective with the joiners.
-        lost = set(event.lost)
-        if any(lost & set(entry.members) for entry in registry._entries.values()):
-            derive(comm, registry)
-    return comm.listeners.add(listener)
+    Decided from ``lost``, the same on every process: a change that lost no member of a
+    set (a join, a loss outside every set) makes no collective, which a join needs (the
+    joiners are in no set yet)."""
+    lost = set(lost)
+    if any(lost & set(entry.members) for entry in registry._entries.values()):
+        derive(comm, registry)
 
 
 def register(comm: Any, registry: Registry, specs: Sequence[Any]) -> list[int | None]:
@@ -415,56 +412,23 @@ def remove(comm: Any, registry: Registry, set_id: int) -> bool:
 
 # -- collectives on a set ------------------------------------------------------------------
 
-@contextlib.contextmanager
-def _paused(comm: Any) -> Iterator[None]:
-    """In MPI as comm.py's collectives are (its ``_in_mpi``): the progress loop paused
-    (docs/openmpi-quirks.md: the agreement is not safe beside it), and an exception
-    that Python raises between two steps of the protocol (SystemExit, KeyboardInterrupt)
-    ends this process as a crash, which the other members repair, instead of leaving
-    them one step apart (workarounds.TABLE 'interrupted_protocol_crash').  The
-    communicator's own ``in_mpi()`` where it has one (helper A's refactoring makes
-    ``_in_mpi`` public); until then the same, from its heartbeat."""
-    in_mpi = getattr(comm, "in_mpi", None)
-    if in_mpi is not None:
-        with in_mpi():
-            yield
-        return
-    with getattr(comm, "_heartbeat", None) or contextlib.nullcontext():
-        try:
-            yield
-        except BaseException as exc:
-            if not isinstance(exc, Exception):
-                workarounds.used("interrupted_protocol_crash")
-                mpi_env.end_as_crash(f"original rank {comm.original_id} was interrupted by "
-                                     f"{type(exc).__name__} inside a process set's protocol")
-            raise
-
-
-def _wait(request: Any, timeout: float) -> bool:
-    deadline, pause = time.monotonic() + timeout, WAIT_PAUSE_FIRST
-    while not request.Test():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(pause)
-        pause = min(pause * 2, WAIT_PAUSE_MAX)
-    return True
-
-
-class SetComm(CollectivesMixin):
+class SetComm(TransactionMixin, CollectivesMixin):
     """The collectives of one process set on this process (a member), with
     ``ResilientComm``'s guarantees inside the set: every surviving member returns the
     same result or raises the same error, and a member lost inside a collective is
     repaired away by the set's survivors, who run it again among themselves.
 
+    The transaction is comm.py's (:class:`.transaction.TransactionMixin`), run on the
+    set's communicator with the set's own stamps, call history and repair (:meth:`repair`);
+    the set's state lives in its registry entry, so every ``SetComm`` of a set shares it.
     ``ids``, ``rank`` and ``size`` are the set's (ranks *within* the set: a broadcast's
     ``root_rank`` here is a set rank; the TF layer translates Horovod's global one).
     ``retries`` counts the transactions this object ran again (after a repair of the set,
-    or a slow path that found the members at different calls), ``why`` says why each."""
+    or a slow path that found the members at different calls)."""
 
     def __init__(self, comm: Any, registry: Registry, set_id: int) -> None:
         self.comm, self.registry, self.set_id = comm, registry, set_id
         self.retries = 0
-        self.why: list[str] = []
 
     # -- membership -----------------------------------------------------------------
     @property
@@ -500,168 +464,92 @@ class SetComm(CollectivesMixin):
     def mpi_comm(self) -> Any:
         return self._entry().mpi_comm
 
-    # -- the transaction -------------------------------------------------------------
-    def run(self, signature: Any, attempt: Callable[[Any], Any]) -> Any:
-        return self.run_many([(signature, attempt)])[0]
+    # -- what the transaction reads (TransactionMixin) --------------------------------
+    @property
+    def _comm(self) -> Any:
+        return self._entry().mpi_comm
 
-    def run_many(self, calls: Sequence[tuple[Any, Callable[[Any], Any]]]) -> list[Any]:
-        """As ``ResilientComm.run_many``, on the set's communicator, its members only."""
-        if not calls:
-            return []
-        entry = self._entry()
-        reached = [0]
-        with _paused(self.comm):
-            while True:
-                results = self._transaction(entry, calls, time.perf_counter(), reached)
-                if results is not None:
-                    return results
-                self.retries += 1
+    @property
+    def _ids(self) -> tuple[int, ...]:
+        return self._entry().live
+
+    @property
+    def _stamps(self) -> Stamps:
+        return self._entry().stamps
+
+    @property
+    def _predictor(self) -> SignaturePredictor:
+        return self._entry().predictor
+
+    @property
+    def _verify_next(self) -> bool:
+        return self._entry().verify_next
+
+    @_verify_next.setter
+    def _verify_next(self, value: bool) -> None:
+        self._entry().verify_next = value
+
+    @property
+    def _anomaly_deadline(self) -> Any:
+        return self._entry().anomaly_deadline
+
+    @_anomaly_deadline.setter
+    def _anomaly_deadline(self, value: Any) -> None:
+        self._entry().anomaly_deadline = value
+
+    @property
+    def original_id(self) -> int | None:
+        return self.comm.original_id
+
+    @property
+    def label(self) -> str:
+        return f"{self.comm.label or 'a collective'} on process set {self.set_id}"
+
+    @property
+    def mismatch_timeout(self) -> float:
+        return self.comm.mismatch_timeout
+
+    @property
+    def anomalies(self) -> Any:
+        return self.comm.anomalies
+
+    @property
+    def _failure_classes(self) -> tuple[int, ...]:
+        return self.comm._failure_classes
+
+    def revoke(self, mpi_comm: Any) -> None:
+        self.comm.revoke(mpi_comm)
+
+    def in_mpi(self) -> AbstractContextManager[None]:
+        """The global communicator's (the progress loop paused; an interruption inside
+        the protocol ends this process as a crash, which the other members repair)."""
+        return cast(AbstractContextManager[None], self.comm.in_mpi())
+
+    def _before_transaction(self, calls: Sequence[tuple[Any, Callable[[Any], Any]]]
+                            ) -> list[Any] | None:
+        self._entry()  # an emptied set, or a non-member: raised before any MPI
+        return None
+
+    def _transaction(self, calls: Sequence[tuple[Any, Callable[[Any], Any]]],
+                     started: float, reached: list[int]) -> list[Any] | None:
+        results = super()._transaction(calls, started, reached)
+        if results is None:
+            self.retries += 1
+        return results
 
     def consistent(self, attempt: Callable[[], _T]) -> _T:
         """``attempt()`` (several collectives on this set) until it ran without a change
         of the set's members (see :func:`consistent` for a step over several sets)."""
         return consistent([self], attempt)
 
-    def _transaction(self, entry: _Entry, calls: Sequence[tuple[Any, Callable[[Any], Any]]],
-                     started: float, reached: list[int]) -> list[Any] | None:
-        MPI, mpi = self.MPI, entry.mpi_comm
-        walk, plan = entry.predictor.walk(), faults.active()
-        verify, entry.verify_next = entry.verify_next and calls[0][0] is not None, False
-        results: list[Any] = []
-        flag, error, position = _OK | _CLEAN, None, 0
-        failures = (MPI.ERR_PROC_FAILED, MPI.ERR_PROC_FAILED_PENDING, MPI.ERR_REVOKED)
-        for position, (signature, attempt) in enumerate(calls):
-            if signature is not None:
-                if position == reached[0]:
-                    reached[0] += 1
-                    if plan is not None:
-                        plan.at_collective()
-                if verify or not walk.expects(signature):
-                    verify = False
-                    if not self._checked(entry, mpi, position, signature):
-                        return None
-                    if entry.mpi_comm is not mpi:
-                        self.why.append("the slow path's exchange repaired the set")
-                        return None
-                walk.passed(signature)
-            try:
-                results.append(attempt(mpi))
-            except MPI.Exception as exc:
-                clean = exc.Get_error_class() in failures or mpi.Is_revoked()
-                self.comm.revoke(mpi)
-                flag, error = (_CLEAN if clean else 0), exc
-            except Exception as exc:  # a local error must not leave the others blocked
-                self.comm.revoke(mpi)
-                flag, error = 0, exc
-            if signature is not None and plan is not None:
-                plan.after_transfer()
-            if error is not None:
-                break
-        agreed = self._agree(entry, mpi, flag | _POST)
-        if agreed is None:
-            self.why.append(f"the agreement failed ({error!r} here)")
-            self._repair(entry)
-        elif agreed & _PRE or not agreed & _POST:
-            self.why.append("a member was on the slow path")
-            self._mismatch(entry, position, calls[position][0])
-        elif agreed & _OK:
-            walk.commit()
-            return results
-        elif not agreed & _CLEAN:
-            self.why.append("an error no member holds")
-            self._application_error(entry, error if not flag & _CLEAN else None)
-        else:
-            self.why.append(f"a failure or revocation ({error!r} here)")
-            self._repair(entry)
-        return None
-
-    def _checked(self, entry: _Entry, mpi: Any, position: int, signature: Any) -> bool:
-        """The slow path of a call this process did not predict: True once every member
-        is known to call ``signature`` at ``position``; False: try the transaction again."""
-        pre = self._agree(entry, mpi, _OK | _CLEAN | _PRE, self.comm.mismatch_timeout)
-        if pre is None:
-            self.why.append("the slow path's agreement failed")
-            self._repair(entry)
-            return False
-        if pre & _POST or not pre & _PRE:
-            self.why.append("the slow path met a member past its transfer")
-            self._mismatch(entry, position, signature)
-            return False
-        if self._same_calls(position, signature):
-            return True
-        self.why.append("the members stopped at different calls")
-        return False
-
-    def _same_calls(self, position: int, signature: Any) -> bool:
-        calls = self.run(None, lambda c: c.allgather((position, signature)))
-        if all(call == (position, signature) for call in calls):
-            return True
-        if any(p != position for p, _ in calls):
-            return False
-        raise MismatchError([s for _, s in calls],
-                            self.run(None, lambda c: c.allgather(self.comm.label)))
-
-    def _mismatch(self, entry: _Entry, position: int, signature: Any) -> None:
-        self._repair(entry)
-        if self._same_calls(position, signature):
-            self.comm.anomalies.record(
-                "members of a process set that called the same collective were told their "
-                "calls differ", signature=signature, process_set=self.set_id,
-                original_rank=self.comm.original_id)
-
-    def _application_error(self, entry: _Entry, error: BaseException | None) -> None:
-        before = set(entry.live)
-        self._repair(entry)
-        report = None if error is None else f"{type(error).__name__}: {error}"
-        reports = self.run(None, lambda c: c.allgather(report))
-        if error is not None:
-            raise error
-        failed = [(r, m) for r, m in enumerate(reports) if m is not None]
-        if failed:
-            raise RemoteCollectiveError(f"the collective on process set {self.set_id} failed "
-                                        f"on its rank {failed[0][0]}: {failed[0][1]}")
-        if before - set(entry.live):
-            raise RemoteCollectiveError("the collective failed on a member that was lost "
-                                        "before it could report the error")
-        self.comm.anomalies.record("the agreed outcome of a process set's collective is an "
-                                   "error that no member holds", process_set=self.set_id)
-
-    def _agree(self, entry: _Entry, mpi: Any, flag: int,
-               timeout: float | None = None) -> int | None:
-        """The agreed AND of ``flag`` over the set's members, stamped as comm.py's
-        (see :mod:`.freshness`); None after a failure or for another agreement's value."""
-        MPI = self.MPI
-        stamp = entry.stamps.next()
-        try:
-            if timeout is None:
-                value = mpi.Agree(flag | stamp)
-            else:
-                buf = np.array([flag | stamp], dtype=np.intc)
-                request = mpi.Iagree(buf)
-                if not _wait(request, timeout):
-                    self.comm.revoke(mpi)
-                    request.Wait()
-                value = int(buf[0])
-        except MPI.Exception as exc:
-            if exc.Get_error_class() in (MPI.ERR_PROC_FAILED, MPI.ERR_PROC_FAILED_PENDING,
-                                         MPI.ERR_REVOKED):
-                return None
-            self.comm.revoke(mpi)
-            raise ElasticHvdError(f"MPI_Comm_agree failed in process set {self.set_id}: "
-                                  f"{exc.Get_error_string()}") from exc
-        if value & ~OUTCOME_MASK == stamp:
-            return value & OUTCOME_MASK
-        self.comm.revoke(mpi)
-        self.comm.anomalies.record("the agreed value belongs to another agreement",
-                                   expected=hex(stamp | flag), got=hex(value),
-                                   process_set=self.set_id, original_rank=self.comm.original_id)
-        return None
-
-    def _repair(self, entry: _Entry) -> None:
+    # -- the set's own repair ---------------------------------------------------------
+    def repair(self, started: float | None = None) -> None:
         """The set's own repair (its members only): revoke, shrink to the survivors,
-        settle; a loss is recorded in the set's events and grows its generation."""
+        settle; a loss is recorded in the set's events and grows its generation (a
+        repair that lost nobody makes the next call verified, as comm.py's does)."""
+        entry = self._entry()
         MPI, old, old_live = self.MPI, entry.mpi_comm, entry.live
-        started = time.perf_counter()
+        begun = time.perf_counter()
         self.comm.revoke(old)
         try:
             new = old.Shrink()
@@ -675,7 +563,7 @@ class SetComm(CollectivesMixin):
         live = [old_live[p] for p in positions]
         if len(live) == len(old_live):
             entry.verify_next = True
-        entry.settle_on(new, live, "set repair", time.perf_counter() - started)
+        entry.settle_on(new, live, "set repair", time.perf_counter() - begun)
 
 
 def consistent(sets: Sequence[Any], attempt: Callable[[], _T]) -> _T:
@@ -691,3 +579,196 @@ def consistent(sets: Sequence[Any], attempt: Callable[[], _T]) -> _T:
         result = attempt()
         if generations() == seen:
             return result
+
+
+# -- Horovod's API (framework-free: the TF layer and any later front end share it) ----------
+
+#: Horovod's error when sets are added or removed without dynamic process sets.
+_NOT_DYNAMIC = ("Set HOROVOD_DYNAMIC_PROCESS_SETS=1 to allow {} process sets after Horovod "
+                "initialization.")
+
+
+def _live_comm() -> Any:
+    from . import runtime  # runtime imports comm, which imports this module
+    return runtime.current("a process set")
+
+
+class ProcessSet:
+    """Horovod's ``hvd.ProcessSet``: a set of ranks (or an mpi4py communicator's
+    processes), registered by ``hvd.init(process_sets=...)`` or ``hvd.add_process_set``.
+
+    ``process_set_id`` is None until registered (and after removal).  Once registered,
+    ``ranks``, ``size()``, ``rank()`` and ``included()`` are read from the registry when
+    asked: after a loss they are those of the set's survivors (docs/process-sets.md)."""
+
+    process_set_id: int | None = None
+    mpi_comm: Any = None
+    _given: list[int] | None = None
+
+    def __init__(self, ranks_or_comm: Any) -> None:
+        if hasattr(ranks_or_comm, "Get_group"):
+            self.mpi_comm = ranks_or_comm
+            return
+        try:
+            ranks = sorted(ranks_or_comm)
+        except TypeError:
+            raise ValueError("ProcessSet should be initialized with a list of process ranks "
+                             "or an mpi4py Comm object") from None
+        if any(not isinstance(r, int) for r in ranks):
+            raise ValueError("ProcessSet should be initialized with a list of process ranks "
+                             "or an mpi4py Comm object")
+        self._given = ranks
+
+    def _registered(self) -> int | None:
+        """This set's id while it is registered on the live communicator, else None."""
+        set_id = self.process_set_id
+        if set_id is None:
+            return None
+        if set_id == GLOBAL_ID:
+            return set_id
+        try:
+            from . import runtime
+            if not runtime.is_initialized():
+                return None
+            _live_comm().process_sets.entry(set_id)
+        except UnknownProcessSetError:
+            return None
+        return set_id
+
+    @property
+    def ranks(self) -> list[int] | None:
+        """The current global ranks of the live members once registered, else as given."""
+        set_id = self._registered()
+        if set_id is None:
+            return self._given
+        comm = _live_comm()
+        return comm.process_sets.ranks(comm, set_id)
+
+    @ranks.setter
+    def ranks(self, value: Iterable[int] | None) -> None:
+        self._given = None if value is None else sorted(value)
+
+    def _invalidate(self) -> None:
+        self.process_set_id = None
+
+    def size(self) -> int | None:
+        if self.process_set_id is None:
+            return None
+        comm = _live_comm()
+        return comm.process_sets.size(comm, self.process_set_id)
+
+    def rank(self) -> int | None:
+        if self.process_set_id is None:
+            return None
+        comm = _live_comm()
+        return comm.process_sets.rank(comm, self.process_set_id)
+
+    def included(self) -> bool | None:
+        if self.process_set_id is None:
+            return None
+        comm = _live_comm()
+        return comm.process_sets.included(comm, self.process_set_id)
+
+    def __str__(self) -> str:
+        return (f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks}, "
+                f"mpi_comm={self.mpi_comm})")
+
+    __repr__ = __str__
+
+
+def _temp_process_set_object(process_set_id: int) -> ProcessSet:
+    """Horovod's: a ProcessSet object for a known id."""
+    ps = ProcessSet.__new__(ProcessSet)
+    ps.process_set_id = process_set_id
+    return ps
+
+
+#: Horovod's ``hvd.global_process_set``: every live rank, always (id 0).
+global_process_set = ProcessSet([])
+global_process_set.process_set_id = GLOBAL_ID
+global_process_set._given = None
+
+
+def process_set_by_id(process_set_id: int) -> ProcessSet:
+    return global_process_set if process_set_id == GLOBAL_ID else \
+        _temp_process_set_object(process_set_id)
+
+
+def init_process_sets(comm: Any, process_sets: Any, mpi_comm: Any = None) -> None:
+    """Horovod's part of ``hvd.init(comm, process_sets=...)``: ``"dynamic"`` allows
+    :func:`add_process_set` (``HOROVOD_DYNAMIC_PROCESS_SETS=1``); a list registers its
+    sets (:func:`register`, a collective of every live rank) and gives each object its
+    id, None for a duplicate (of an earlier entry, or of the global set): then
+    ValueError, once every other set is registered, as Horovod.  ``mpi_comm``: the
+    communicator given to ``init`` (``global_process_set.mpi_comm``)."""
+    if hasattr(mpi_comm, "Get_group"):
+        global_process_set.mpi_comm = mpi_comm
+    if process_sets is None:
+        return
+    if isinstance(process_sets, str):
+        if process_sets.lower() != "dynamic":
+            raise ValueError(f"process_sets: a list of ProcessSet, or 'dynamic', not "
+                             f"{process_sets!r}")
+        os.environ["HOROVOD_DYNAMIC_PROCESS_SETS"] = "1"
+        return
+    process_sets = list(process_sets)
+    specs = [ps.mpi_comm if ps._given is None and ps.mpi_comm is not None else ps._given
+             for ps in process_sets]
+    ids = register(comm, comm.process_sets, specs)
+    for ps, set_id in zip(process_sets, ids):
+        ps.process_set_id = set_id
+    for position, ps in enumerate(process_sets):
+        if ps.process_set_id is None:
+            raise ValueError(f"Horovod could not be initialized because process_sets entry "
+                             f"number {position} is a duplicate: {ps}")
+
+
+def _dynamic(what: str) -> None:
+    if os.environ.get("HOROVOD_DYNAMIC_PROCESS_SETS", "0").lower() in ("", "0", "false"):
+        raise ValueError(_NOT_DYNAMIC.format(what))
+
+
+def add_process_set(process_set: "ProcessSet | Sequence[int]") -> ProcessSet:
+    """Horovod's ``hvd.add_process_set``: a collective of every live rank (all give the
+    same ranks: :func:`add`); returns the registered ProcessSet."""
+    if not isinstance(process_set, ProcessSet):
+        process_set = ProcessSet(process_set)
+    if process_set._given is None and process_set.mpi_comm is not None:
+        raise NotImplementedError(
+            "Dynamically adding process sets defined by an MPI communicator is not "
+            "implemented. Please build the process set via a list of ranks.")
+    _dynamic("adding")
+    comm = _live_comm()
+    try:
+        process_set.process_set_id = add(comm, comm.process_sets, process_set._given or [])
+    except DuplicateProcessSetError:
+        raise DuplicateProcessSetError(
+            f"Attempted to add a duplicate process set: {process_set}") from None
+    return process_set
+
+
+def remove_process_set(process_set: ProcessSet) -> bool:
+    """Horovod's ``hvd.remove_process_set``: a collective of every live rank (:func:`remove`);
+    False for an unregistered set or the global one; the object is invalidated."""
+    set_id = process_set.process_set_id
+    if set_id is None or set_id == GLOBAL_ID:
+        return False
+    _dynamic("removing")
+    process_set._invalidate()
+    comm = _live_comm()
+    return remove(comm, comm.process_sets, set_id)
+
+
+def set_id_of(process_set: Any) -> int:
+    """The registered id of ``process_set`` (a ProcessSet, or None: the global set);
+    UnknownProcessSetError (a ValueError, as Horovod's) when it is not registered."""
+    set_id = GLOBAL_ID if process_set is None else getattr(process_set, "process_set_id", None)
+    if set_id != GLOBAL_ID:
+        _live_comm().process_sets.entry(set_id)
+    return cast(int, set_id)
+
+
+def comm_of(comm: Any, set_id: int) -> Any:
+    """What a collective on set ``set_id`` runs on: ``comm`` for the global set, else a
+    :class:`SetComm` (EmptiedProcessSetError / NotInProcessSetError on its first use)."""
+    return comm if set_id == GLOBAL_ID else SetComm(comm, comm.process_sets, set_id)

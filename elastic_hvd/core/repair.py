@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from . import announce, faults, mpi_env, signals, workarounds
+from . import announce, faults, mpi_env, process_sets, signals, workarounds
 from .errors import ElasticHvdError, RanksBelowMinimumError
 from .membership import Listeners, MembershipEvent
 from ..log import get_logger
@@ -45,6 +45,7 @@ class RepairMixin:
         _verify_next: bool
         _stamps: Stamps
         _predictor: SignaturePredictor
+        process_sets: process_sets.Registry
 
         def run(self, signature: Any, attempt: Callable[[Any], Any]) -> Any: ...
 
@@ -98,7 +99,8 @@ class RepairMixin:
         return {"procs": self._procs, "events": self.events, "generation": self.generation,
                 "initial_size": self.initial_size,
                 "min_np": self.min_np, "predictor": self._predictor.state(),
-                "stamps": self._stamps.state(), "verify": self._verify_next}
+                "stamps": self._stamps.state(), "verify": self._verify_next,
+                "process_sets": self.process_sets.book()}
 
     def load_book(self, book: Mapping[str, Any]) -> None:
         """Take over the :meth:`book` of the running ranks (in a process that joins)."""
@@ -108,6 +110,7 @@ class RepairMixin:
         self._predictor.load_state(book["predictor"])
         self._stamps.load_state(book["stamps"])
         self._verify_next = book["verify"]
+        self.process_sets.load_book(book["process_sets"])
 
     def meet(self, extra: Any = None) -> list[Any]:
         """Learn every live rank's host and identity (pid and start time: see
@@ -142,9 +145,16 @@ class RepairMixin:
 
     def record(self, event: MembershipEvent) -> None:
         """Append a membership event (the same on every rank) and announce it; raise
-        :class:`RanksBelowMinimumError` on every rank if too few are left."""
+        :class:`RanksBelowMinimumError` on every rank if too few are left.
+
+        Before the announcement, the process sets that lost members are derived again
+        (:func:`.process_sets.after_loss`, a collective of every process here, joiners
+        included): a listener may use them at once, and a derivation that fails fails
+        the repair instead of being logged as a listener's error."""
         self.events.append(event)
         self.generation += 1
+        if event.lost:
+            process_sets.after_loss(self, self.process_sets, event.lost)
         try:
             self.listeners.notify(event)
         except Exception:  # a listener must not break the agreed control flow

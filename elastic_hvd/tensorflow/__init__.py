@@ -3,7 +3,7 @@
     import elastic_hvd.tensorflow as hvd     # instead of: import horovod.tensorflow as hvd
 """
 
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from ..basics import (ccl_built, cross_rank, cross_size, cuda_built, ddl_built,  # noqa: F401
                       elastic_enabled, gloo_built, gloo_enabled, init, is_homogeneous,
@@ -43,10 +43,36 @@ def _install_replacement() -> None:
 
 _when_replacing(_install_replacement)  # the TF layer's part of init(), see basics
 
-#: Horovod's modules that its ``horovod.tensorflow`` carries as attributes
-#: (``hvd.mpi_ops._basics``, ...) and elastic_hvd does not provide.
-_HOROVOD_INTERNAL_MODULES = ("mpi_ops", "functions", "gradient_aggregation",
-                             "gradient_aggregation_eager")
+#: Horovod's modules that its ``horovod.tensorflow`` carries as attributes and
+#: elastic_hvd does not provide.
+_HOROVOD_INTERNAL_MODULES = ("functions", "gradient_aggregation", "gradient_aggregation_eager")
+
+
+class _Basics:
+    """What Horovod's process-set tests read of ``hvd.mpi_ops._basics``."""
+
+    @staticmethod
+    def _get_process_set_ids_and_ranks() -> dict[int, list[int]]:
+        """``{process set id: current global ranks}`` of every registered set."""
+        from ..core import runtime
+        comm = runtime.current("hvd.mpi_ops._basics._get_process_set_ids_and_ranks()")
+        return comm.process_sets.ids_and_ranks(comm)
+
+    def __getattr__(self, name: str) -> NoReturn:
+        not_provided("horovod.tensorflow.mpi_ops._basics")(name)
+
+
+class _MpiOps:
+    """Horovod's ``hvd.mpi_ops`` as far as its tests read it: ``_basics``."""
+
+    _basics = _Basics()
+
+    def __getattr__(self, name: str) -> Any:
+        not_provided("horovod.tensorflow.mpi_ops")(name)
+
+
+#: ``hvd.mpi_ops`` (see :class:`_MpiOps`).
+mpi_ops = _MpiOps()
 
 
 def __getattr__(name: str) -> NoReturn:

@@ -16,7 +16,7 @@ import tensorflow as tf
 from . import ops
 from .compression import Compression, Compressor
 from ..core.ops import Adasum, Average, Sum
-from .collectives import NO_SPARSE_ADASUM
+from .collectives import NO_SET_ADASUM, NO_SPARSE_ADASUM
 from .ops import ProcessSet, global_process_set
 
 
@@ -27,8 +27,12 @@ class GradientReducer:
                  groups: int | Sequence[Sequence[Any]] | None = None,
                  process_set: ProcessSet = global_process_set,
                  scale_local_gradients: bool = True) -> None:
-        ops.check_process_set(process_set)
+        #: The process set the gradients are reduced over; a step on a non-global set does
+        #: not commit the training session (that says "every live rank's gradients").
+        self.set_id = ops.check_process_set(process_set)
         self.op = ops.resolve_op(op, None)
+        if self.op == Adasum and self.set_id != 0:
+            raise NotImplementedError(NO_SET_ADASUM)
         if self.op not in (Average, Sum, Adasum):
             raise ValueError("gradients can be reduced with Average, Sum or Adasum, not "
                              f"{self.op.name}")
@@ -75,7 +79,7 @@ class GradientReducer:
                 continue
             if v is not None and id(v) in self.local_vars:
                 if self.scale_local_gradients:
-                    out[i] = g / tf.cast(ops.size_op(), g.dtype)
+                    out[i] = g / tf.cast(ops.size_op(self.set_id), g.dtype)
                 continue
             if isinstance(g, tf.IndexedSlices):
                 if not self.sparse_as_dense:
@@ -90,7 +94,8 @@ class GradientReducer:
         reduced, gathered = ops.reduce_together(
             [[compressed[i][0] for i in group] for group in groups],
             [(grads[i].values, grads[i].indices) for i in sparse], self.op,
-            prescale_factor=1.0 / self.predivide, postscale_factor=self.predivide, commit=True)
+            prescale_factor=1.0 / self.predivide, postscale_factor=self.predivide, commit=True,
+            set_id=self.set_id, own_outside=True)
         for group, results in zip(groups, reduced):
             for i, r in zip(group, results):
                 out[i] = self.compression.decompress(r, compressed[i][1])

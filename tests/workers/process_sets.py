@@ -37,8 +37,7 @@ def kill_in_set(comm, mib="16", calls_a="5", calls_b="10"):
     reduce meanwhile; then every survivor calls a global allreduce (the global repair
     and the sets' derivation), then one more allreduce on its set, on the derived
     communicator."""
-    registry = ps.Registry()
-    ps.watch(comm, registry)
+    registry = comm.process_sets
     ids = ps.register(comm, registry, [[0, 1], [2, 3]])
     mine = ids[0] if comm.original_id in (0, 1) else ids[1]
     sc = ps.SetComm(comm, registry, mine)
@@ -52,7 +51,7 @@ def kill_in_set(comm, mib="16", calls_a="5", calls_b="10"):
         windows.append([started, time.time()])
     live_in_set = list(sc.ids)
     exact_in_set = bool(np.array_equal(result, sum(contribution(i, count) for i in live_in_set)))
-    retries_in_set, why = sc.retries, list(sc.why)
+    retries_in_set, why = sc.retries, set_events(registry, mine)
     total = comm.allreduce(contribution(comm.original_id, 1024))
     exact_global = bool(np.array_equal(total, sum(contribution(i, 1024) for i in comm.ids)))
     again = sc.allreduce(x)
@@ -71,8 +70,7 @@ def emptied(comm):
     """Set A = {1} alone, B = {0, 2, 3}; the plan kills rank 1 at its first collective.
     The survivors reduce on B, then globally (the repair empties A); then A is used,
     removed, and a new set added in its place (dynamic sets, agreed by the ranks)."""
-    registry = ps.Registry()
-    ps.watch(comm, registry)
+    registry = comm.process_sets
     a, b = ps.register(comm, registry, [[1], [0, 2, 3]])
     if comm.original_id == 1:
         ps.SetComm(comm, registry, a).allreduce(np.ones(4, np.float32))
@@ -120,8 +118,7 @@ def emptied(comm):
 def mismatch(comm):
     """Set A = {0, 1} calls allreduce with shapes that differ between its members; B =
     {2, 3} reduces meanwhile, untouched."""
-    registry = ps.Registry()
-    ps.watch(comm, registry)
+    registry = comm.process_sets
     a, b = ps.register(comm, registry, [[0, 1], [2, 3]])
     out = {}
     if comm.original_id in (0, 1):
@@ -148,8 +145,7 @@ def step(comm, mib="4"):
     """Set A = {0, 1, 2}, B = {3}.  A's members run steps of two allreduces as one step
     transaction (ps.consistent); the plan kills rank 1 inside the second allreduce of the
     first step: both results of that step must come from the survivors {0, 2}."""
-    registry = ps.Registry()
-    ps.watch(comm, registry)
+    registry = comm.process_sets
     a, b = ps.register(comm, registry, [[0, 1, 2], [3]])
     count = int(float(mib) * MIB) // 4
     x = contribution(comm.original_id, count)
@@ -177,7 +173,7 @@ def static(comm):
     """Horovod's static and multi-communicator registration (test_process_sets_static.py,
     test_process_sets_multi_comm.py): duplicates get None, ids in Horovod's order."""
     from mpi4py import MPI
-    registry = ps.Registry()
+    registry = comm.process_sets
     size = comm.size
     sub = MPI.COMM_WORLD.Split(MPI.COMM_WORLD.rank % 2, MPI.COMM_WORLD.rank)
     first = ps.register(comm, registry, [sub, MPI.COMM_WORLD.Dup(), sub.Dup(),
@@ -192,8 +188,7 @@ def overlap(comm, calls="6"):
     then on S; the plan kills rank 2 inside T's 4th allreduce while rank 1 waits for rank 0
     in S's.  (A repair of the *global* communicator started from T's collective would wait
     for rank 1 in its shrink while rank 1 waits for rank 0 in S: docs/process-sets.md.)"""
-    registry = ps.Registry()
-    ps.watch(comm, registry)
+    registry = comm.process_sets
     s, t = ps.register(comm, registry, [[0, 1], [0, 2]])
     out = {}
     x = contribution(comm.original_id, MIB)
