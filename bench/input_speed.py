@@ -22,8 +22,9 @@ ratio is ElasticData / tf.data, per run, then its median.
 
 ``--ahead 0`` adds ElasticData without work-ahead (what it was before issue
 44) as a pipeline; ``--map`` adds ElasticData with ``map=`` (the same decode per
-sample, run by tf.data's parallel map over each batch).  ElasticData reports the most bytes its work-ahead
-held at once (batches loaded and not yet trained, ``prefetch_peak_bytes``).
+sample, run by tf.data's parallel map over each batch).  ElasticData reports the
+most bytes its work-ahead held at once (batches loaded and not yet trained,
+``prefetch_peak_bytes``).
 Writes ``bench/results/input_speed.json`` (``--out``).
 """
 
@@ -157,7 +158,7 @@ def summarize(records):
                     for n in names}
             runs = sorted({r["run"] for r in mine})
 
-            def ratio(name):
+            def ratio(name, mine=mine, runs=runs):
                 per_run = []
                 for run in runs:
                     of = {r["pipeline"]: r["img_s"] for r in mine if r["run"] == run}

@@ -22,17 +22,29 @@ import random
 import signal
 import time
 
-import numpy as np
 import pytest
 
+from elastic_hvd.core import process
 from mpijob import assert_same_weights_every_step, job_ranks, run_job, until
-from test_units import cluster  # noqa: F401 -- the simulated ranks' fixture
+from test_units import _Cluster
 
 EPOCHS, N = 4, 96
 SLOW = {"TEST_STEP_SLEEP": "0.1", "TEST_LOAD_SLEEP": "0.06"}
 
 
 # -- one process: the sampler's guesses and the work-ahead, on simulated ranks ----------
+
+
+@pytest.fixture
+def cluster(request):
+    """``cluster(size)``: simulated ranks sharing one membership and one real Session, the
+    process runtime's while the test runs (tests/test_units.py's sampler tests)."""
+    def make(size):
+        made = _Cluster(size)
+        old = process.use(process.Runtime(comm=made, session=made.session))
+        request.addfinalizer(lambda: process.use(old))
+        return made
+    return make
 
 
 def test_upcoming_is_what_the_next_draws_are_while_the_membership_stays(cluster):

@@ -301,7 +301,7 @@ class DatasetRows:
         if self.count == tf.data.INFINITE_CARDINALITY:
             raise ValueError("the dataset is infinite (a .repeat()?): ElasticData needs a "
                              "finite one, every sample once")
-        self._file = None
+        self._file: Any = None
         try:
             tf.data.experimental.at(dataset, 0)
             random_access = self.count >= 0
