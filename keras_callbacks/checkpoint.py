@@ -36,6 +36,13 @@ goes on; the last committed checkpoint is untouched.  After
 ``ELASTIC_HVD_MAX_FAILED_SAVES`` failures in a row every rank stops with
 EXIT_SAVES_FAILED: a job that can keep nothing should not train on for hours.
 
+On SIGUSR1 (Slurm's ``--signal=B:USR1@N``, which ``elastic-hvd-run`` passes on to
+every rank) the ranks agree on the next step boundary, save there -- a committed
+checkpoint of the last step trained, mid-epoch included -- and every rank exits with
+EXIT_PREEMPTED (8); a job started again resumes from it with no step redone
+(:mod:`keras_callbacks.preempt`, docs/slurm.md).  ``final_on_signal=False`` turns
+this off (and the small agreement it adds to every step).
+
 Not guaranteed: if the writer dies during the *final* checkpoint (too few
 ranks), nobody writes it in its place: the previous committed one stays.
 """
@@ -60,6 +67,9 @@ from elastic_hvd.tensorflow.training_state import TrainingState
 from .ckpt_files import CheckpointFiles
 from .keras_leaks import save_weights
 from elastic_hvd.log import STDOUT, get_logger
+from elastic_hvd.runner.outcome import EXIT_PREEMPTED
+
+from . import preempt
 
 if TYPE_CHECKING:
     from elastic_hvd.sharding import ElasticSampler
@@ -107,13 +117,17 @@ def _one_line(exc: BaseException) -> str:
 
 class ElasticCheckpoint(tf.keras.callbacks.Callback):
     """Save at the end of every ``every`` epochs into ``directory``, keeping the newest
-    ``keep`` committed checkpoints; ``restore()`` resumes from the newest."""
+    ``keep`` committed checkpoints; ``restore()`` resumes from the newest.  With
+    ``final_on_signal`` (the default), SIGUSR1 makes every rank save at the next step
+    boundary they agree on and exit with ``EXIT_PREEMPTED`` (see the module doc)."""
 
     _sending: threading.Thread | None
 
     def __init__(self, directory: str, sampler: "ElasticSampler | None" = None, every: int = 1,
-                 keep: int = 3) -> None:
+                 keep: int = 3, final_on_signal: bool = True) -> None:
         super().__init__()
+        self.final_on_signal = final_on_signal
+        self.signals = preempt.Requests()
         self.files = CheckpointFiles(directory, keep, counts=("epoch", "step", "writer"))
         self.directory, self.sampler, self.every = directory, sampler, every
         self.epoch = 0
@@ -141,6 +155,8 @@ class ElasticCheckpoint(tf.keras.callbacks.Callback):
         # Every rank (any may become the writer): a directory that cannot be used stops
         # the job at its start, in one line, rather than at its first save.
         self.files.checked_dir()
+        if self.final_on_signal:
+            self.signals.install()
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         self.epoch = epoch
@@ -150,6 +166,35 @@ class ElasticCheckpoint(tf.keras.callbacks.Callback):
             self.save(epoch + 1)
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        if self.final_on_signal:
+            requested = self.signals.received.is_set()
+            if (preempt.agreed(runtime.current(), requested) if runtime.is_initialized()
+                    else requested):
+                self._final_on_signal()
+        self._copy_to_launcher()
+
+    def _final_on_signal(self) -> None:
+        """Every rank, at the step boundary all agreed on: save the last step trained,
+        record it for the launcher, and exit with EXIT_PREEMPTED."""
+        comm = runtime.current() if runtime.is_initialized() else None
+        step = runtime.session().step if comm is not None else None
+        done = self.sampler is not None and self.sampler.steps_left() == 0 and \
+            not self.sampler.uncommitted()
+        resume_epoch = self.epoch + 1 if done else self.epoch
+        self.save(resume_epoch)
+        if comm is None or comm.rank == 0:
+            at = f"step {step}" if step is not None else f"epoch {resume_epoch + 1}"
+            _log.warning(
+                f"elastic_hvd: {preempt.SIGNAL.name} received: stopping at the end of {at}: "
+                + (f"final checkpoint written to {self.directory}; a requeued or resubmitted "
+                   f"job resumes from it (exit status {EXIT_PREEMPTED})" if self.last_saved else
+                   f"the final checkpoint failed (said above); a requeued job resumes from the "
+                   f"last committed one in {self.directory} (exit status {EXIT_PREEMPTED})"))
+        preempt.record(step if step is not None else -1, resume_epoch, self.last_saved,
+                       self.directory)
+        runtime.exit_with(EXIT_PREEMPTED)
+
+    def _copy_to_launcher(self) -> None:
         if self.sampler is None or not state_replica.configured():
             return
         if runtime.current().rank != 0 or (self._sending and self._sending.is_alive()):

@@ -31,6 +31,12 @@ _log = get_logger(__name__)
 #: Seconds past the ranks' finalize deadline (``runtime._at_exit``: by then every
 #: finished member has exited) before a lingering mpirun is ended.
 FINALIZE_MARGIN = 3.0
+#: Signals passed on to mpirun, which passes them on to every rank: SIGINT and SIGTERM
+#: end the job; SIGUSR1 asks for a final checkpoint (``keras_callbacks.ElasticCheckpoint``;
+#: Slurm's ``--signal=B:USR1@N`` sends it to the batch script, this launcher when the
+#: script ``exec``s it: docs/slurm.md), SIGUSR2 is the script's own.  Without a handler
+#: here either would kill the launcher, and mpirun with it.
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,7 +52,7 @@ class Ended:
 def run_mpirun(cmd: Sequence[str], status_dir: str | None = None, grace: float | None = None,
                reporter: reports.Reporter | None = None,
                quiet_tf: bool = False) -> tuple[int, bytes]:
-    """Run ``cmd``, passing SIGINT and SIGTERM on to it and its stderr through (see
+    """Run ``cmd``, passing :data:`FORWARDED` signals on to it and its stderr through (see
     :mod:`.relay`); returns (exit status, the end of its stderr).  With ``status_dir``,
     it is watched (:func:`.watch.end_when_members_done`, ending it ``grace`` seconds
     after every member finished) and the ``reporter`` tells of failures."""
@@ -57,7 +63,7 @@ def run_mpirun(cmd: Sequence[str], status_dir: str | None = None, grace: float |
     def forward(signum: int, _frame: FrameType | None) -> None:
         proc.send_signal(signum)
 
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in FORWARDED:
         signal.signal(sig, forward)
     stopped = threading.Event()
     if status_dir is not None:

@@ -5,6 +5,7 @@ Each process records its end in the status directory (:mod:`.program`,
 not mpirun's, which under ``--with-ft ulfm`` says 0 even when every rank was killed.
 """
 
+import contextlib
 import json
 import os
 from collections.abc import Iterable, Mapping, Sequence
@@ -13,6 +14,11 @@ from typing import Any
 
 from ..core.freshness import ANOMALY_EXIT_STATUS
 from . import reports
+
+#: Exit status of a job whose ranks wrote a final checkpoint on SIGUSR1 and stopped
+#: (``keras_callbacks.ElasticCheckpoint``; Slurm's ``--signal=B:USR1@N``): started
+#: again, it resumes from that checkpoint with no step redone (docs/slurm.md).
+EXIT_PREEMPTED = 8
 
 #: What a rank records when its script imports Horovod, which is not installed ...
 NO_HOROVOD = "ModuleNotFoundError: No module named 'horovod'"
@@ -32,6 +38,8 @@ def read_outcomes(status_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
         except (OSError, ValueError):  # being replaced right now: read it next time
             continue
         outcome["process"] = path.stem
+        with contextlib.suppress(OSError, ValueError):  # where it stopped on SIGUSR1
+            outcome["preempted"] = json.loads(path.with_suffix(".preempted").read_text())
         if outcome["code"] is None and not outcome.get("raised") and not outcome.get("signal"):
             outcome["crashed"], outcome["fault_stack"] = reports.read_fault(path)
         outcomes.append(outcome)
@@ -96,6 +104,8 @@ def exit_status(code: int, outcomes: Sequence[Mapping[str, Any]]) -> tuple[int, 
         return status, (f"exit status {status}: no rank completed: all "
                         f"{reports.lost_words(outcomes)} (mpirun exit status {code})")
     failed = sorted((o for o in ended if o["code"]), key=reports.order)
+    if failed and all(o["code"] == EXIT_PREEMPTED for o in failed):
+        return EXIT_PREEMPTED, preempted_line(failed)
     if failed:
         status = failed[0]["code"]
         which = ", ".join(f"{reports.short(o)}: {o['code']}" for o in failed)
@@ -125,3 +135,19 @@ def _none_completed(code: int, outcomes: Sequence[Mapping[str, Any]],
     lost = [o for o in outcomes if o["code"] is None]
     return status, (f"exit status {status}: no rank completed: {', '.join(said)}, and the "
                     f"other {reports.lost_words(lost)} (mpirun exit status {code})")
+
+
+def preempted_line(outcomes: Sequence[Mapping[str, Any]]) -> str:
+    """What the launcher says of a job whose ranks stopped with :data:`EXIT_PREEMPTED`:
+    the step of the final checkpoint, from what the ranks recorded of it."""
+    said = [o["preempted"] for o in outcomes if isinstance(o.get("preempted"), dict)]
+    if not said:
+        return (f"exit status {EXIT_PREEMPTED}: preempted: the ranks wrote a final checkpoint "
+                "on SIGUSR1 and stopped; a requeue resumes from it")
+    last = said[0]
+    if not last.get("saved"):
+        return (f"exit status {EXIT_PREEMPTED}: preempted at step {last.get('step')}: the final "
+                f"checkpoint failed; a requeue resumes from the last committed one in "
+                f"{last.get('directory')}")
+    return (f"exit status {EXIT_PREEMPTED}: preempted: final checkpoint at step "
+            f"{last.get('step')}; requeue resumes from it ({last.get('directory')})")
