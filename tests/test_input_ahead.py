@@ -2,7 +2,9 @@
 
 First, in one process on simulated ranks (as tests/test_units.py's sampler tests):
 the sampler's ``upcoming()`` guesses are the draws while the membership stays, and a
-WorkAhead hands over only what was drawn when a rank is lost with batches in flight.
+WorkAhead hands over only what was drawn when a rank is lost with batches in flight;
+then ElasticData's other inputs in a one-rank job (``workers/input_rows.py``):
+``from_dataset`` read by index (kept or spilled), ``map=``, ``validation_shard(load=)``.
 Then on real 4-rank jobs:
 ``tests/workers/input_ahead.py`` trains ``hvd.fit`` on an ``ElasticData`` that keeps 4
 batches loading in threads while each step trains, and changes the membership while
@@ -25,7 +27,7 @@ import time
 import pytest
 
 from elastic_hvd.core import process
-from mpijob import assert_same_weights_every_step, job_ranks, run_job, until
+from mpijob import assert_same_weights_every_step, job_ranks, run_job, run_process, until
 from test_units import _Cluster
 
 EPOCHS, N = 4, 96
@@ -98,6 +100,20 @@ def test_work_ahead_hands_over_only_what_was_drawn_when_a_rank_is_lost(cluster):
     assert sorted(trained) == list(range(60))
     assert work[0].discarded and work[2].discarded  # guesses for 3 ranks, in flight
     assert work[0].hits == step and work[0].misses == 0  # each step's batch came from a thread
+
+
+def test_from_dataset_map_and_validation_read_what_they_should(tmp_path):
+    # One process (a singleton job): from_dataset keeps a random-access dataset and
+    # spills any other to a file, both read by index; map= and validation_shard(load=).
+    job = run_process("input_rows.py", tmp_path=tmp_path, timeout=300)
+    result = job.results[0]
+    every, odd = list(range(70)), list(range(1, 70, 2))
+    # only the element indices are held, not the elements
+    assert result["random_access"] == {"epochs": [every, every], "arrays": [[70]], "count": 70}
+    assert result["spilled"] == {"epochs": [odd, odd], "count": 35, "spill_file": True}
+    assert result["map"]["epochs"] == [every, every]
+    assert result["validation"]["batches"] == 2 * [list(range(k, min(k + 16, 70)))
+                                                   for k in range(0, 70, 16)]
 
 
 def epoch_weights(out):
