@@ -137,6 +137,8 @@ def pytest_collection_modifyitems(config, items):
     The tests that share a job through a module-scoped fixture run on one worker (an
     ``xdist_group`` of their module): on two, each would start that job."""
     items.sort(key=lambda item: item.get_closest_marker("multirank") is None)
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
     for item in items:
         module = item.nodeid.split("::")[0]
         info = getattr(item, "_fixtureinfo", None)
