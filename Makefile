@@ -26,11 +26,12 @@ lint: install
 
 # The tests run on TEST_WORKERS pytest-xdist workers: most of a test's time is waiting on
 # its job, not computing.  Each worker's jobs have a TMPDIR of their own; a test marked
-# `serial` (it steers the kernel's next pid) runs alone; tests sharing a module's job run
-# on one worker (loadgroup); the jobs first, the quick single-process tests last
-# (tests/conftest.py).
+# `serial` (it steers the kernel's next pid, or keeps both cores busy) runs alone; the
+# tests that start a job first, the quick single-process ones last (tests/conftest.py).
+# (--dist loadgroup would keep a module's shared job on one worker, but pytest-xdist 3.8
+# cannot mark the groups under pytest 9: worksteal, and such a job may run twice.)
 TEST_WORKERS ?= 2
-PYTEST = $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup tests
+PYTEST = $(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal tests
 
 # Strict mode (ELASTIC_HVD_STRICT): any anomaly of the core ends the job that met it,
 # and so fails its test, instead of being repaired and logged.

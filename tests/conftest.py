@@ -20,8 +20,8 @@ pytest-xdist worker beside it (``make test`` runs two), or of another test run o
 same machine, are not its business.  The pytest process's own temporary files
 (``tmp_path``, with each job's output) stay in the usual place.
 
-A test marked ``serial`` (it steers the kernel's next pid) runs alone under
-pytest-xdist: no other worker's test runs meanwhile (:func:`alone_if_serial`).
+A test marked ``serial`` (it steers the kernel's next pid, or keeps both cores busy) runs
+alone under pytest-xdist: no other worker's test runs meanwhile (:func:`alone_if_serial`).
 """
 
 import contextlib
@@ -130,18 +130,7 @@ def alone_if_serial(request, tmp_path_factory):
         yield
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups (--dist loadgroup)
 def pytest_collection_modifyitems(config, items):
     """The tests that start a job first, the single-process ones (quick) after them, each
-    file's order kept: under pytest-xdist the quick ones fill the end of the run evenly.
-    The tests that share a job through a module-scoped fixture run on one worker (an
-    ``xdist_group`` of their module): on two, each would start that job."""
+    file's order kept: under pytest-xdist the quick ones fill the end of the run evenly."""
     items.sort(key=lambda item: item.get_closest_marker("multirank") is None)
-    if not config.pluginmanager.hasplugin("xdist"):
-        return
-    for item in items:
-        module = item.nodeid.split("::")[0]
-        info = getattr(item, "_fixtureinfo", None)
-        if info and any(d.scope != "function" and d.baseid == module
-                        for defs in info.name2fixturedefs.values() for d in defs):
-            item.add_marker(pytest.mark.xdist_group(module))

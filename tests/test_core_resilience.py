@@ -219,6 +219,7 @@ def test_a_split_anomaly_ends_in_no_hang(tmp_path):
     assert all(r["right"] and r["again"] for r in job.results.values()), job.results
 
 
+@pytest.mark.serial  # 3 ranks computing on 2 cores for minutes: alone, not beside another job
 def test_a_million_collectives_then_a_failure_after_the_identifiers_wrapped(tmp_path):
     # 10^6 checked allreduces on 3 ranks (ERA's agreement sequence numbers wrap 15
     # times); rank 1 is SIGKILLed in collective 1_000_000 (its 1_000_001st, counting
