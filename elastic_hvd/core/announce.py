@@ -12,15 +12,14 @@ job names a rank as :func:`who` does, so that one process keeps one name.
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any, TextIO, cast
+from typing import TYPE_CHECKING, Any, Protocol, TextIO, cast
 
 from . import config, process
 from .membership import MembershipEvent
 from ..log import STDOUT, get_logger
 
-if TYPE_CHECKING:
-    from .comm import ResilientComm
-    from .session import Session
+if TYPE_CHECKING:  # the communicator's interface: a leaf, so no import cycle with comm
+    from .comm_api import Communicator as ResilientComm
 
 _log = get_logger(__name__)
 
@@ -121,13 +120,18 @@ def consequences(event: MembershipEvent, comm: "ResilientComm") -> list[str]:
     return said + unhandled
 
 
+class _Steps(Protocol):
+    """What the line reads of the training session (:class:`.session.Session`)."""
+    step: int
+
+
 class Announcer:
     """The listener (``ResilientComm.listeners``) that prints the line on rank 0.
 
     Called inside the collective that met the change, on every rank alike: the
     line comes at once, whether or not the program ever reaches a step boundary."""
 
-    def __init__(self, comm: "ResilientComm", session: "Session") -> None:
+    def __init__(self, comm: "ResilientComm", session: "_Steps") -> None:
         self.comm, self.session = comm, session
         self.ids = comm.ids  # until the next change: where the lost ones were
         watch_stdout()
