@@ -79,11 +79,11 @@ SETTINGS = (
             "the last N processes of the job wait as hot spares that replace lost ranks at "
             "the next step boundary (--spares; with plain mpirun add them to -np)"),
     Setting("spares_wait", "ELASTIC_HVD_SPARES_WAIT", str, "auto", None,
-            "where a hot spare waits: 'growth' (at its script's growth point: hvd.fit, "
-            "ElasticData, hvd.elastic.run; adopted at the next step), 'init' (in hvd.init(), "
-            "then it runs the script as the rank it replaces and is adopted at an epoch's "
-            "start: a plain Horovod script), 'auto' (growth if the main script uses one of "
-            "those, else init)"),
+            "where a hot spare (or a process spawned by --respawn) waits: 'growth' (at its "
+            "script's growth point: hvd.fit, ElasticData, hvd.elastic.run; adopted at the next "
+            "step), 'init' (in hvd.init(), then it runs the script as the rank it replaces and "
+            "is adopted at an epoch's start: a plain Horovod script), 'auto' (growth if the "
+            "main script uses one of those, else init)"),
     Setting("max_np", "ELASTIC_HVD_MAX_NP", int, None, 1,
             "add ranks up to this many while discovered hosts have free slots (--max-np)"),
     Setting("host_discovery", "ELASTIC_HVD_HOST_DISCOVERY", str, None, None,
