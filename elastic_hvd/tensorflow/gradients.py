@@ -395,6 +395,7 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None, use_locking: b
     if issubclass(cls, tf.compat.v1.train.Optimizer):
         wrapped = cls.__new__(cls)
         wrapped.__dict__.update(optimizer.__dict__)
+        wrapped._optimizer = optimizer  # Horovod's TF1 wrapper holds it there (its tests read it)
     else:
         wrapped = cls.from_config(optimizer.get_config())
     wrapped._hvd_reducer = reducer
