@@ -70,6 +70,11 @@ def load_mpi(settings: Any = None) -> Any:
         import mpi4py
         mpi4py.rc.thread_level = "multiple"
     from mpi4py import MPI
+    if not MPI.Is_initialized():
+        # The program set mpi4py.rc.initialize = False (Horovod's test_process_sets_static
+        # does): MPI is ours to start, as Horovod starts it then; elastic_hvd finalizes it
+        # at exit in any case (runtime._at_exit).
+        MPI.Init_thread(MPI.THREAD_MULTIPLE)
     return MPI
 
 
