@@ -13,8 +13,11 @@ passes, hvd.fit's arguments; ``--help`` on ``--spares`` says what docs/growth.md
 
 import ast
 import inspect
+import json
 import re
 import shutil
+import subprocess
+import sys
 
 import pytest
 
@@ -85,7 +88,10 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 SCRIPT_PAGES = {"benchmarks.md", "fruits360.md"}
 #: Open MPI's flags, which the docs name as such (mpirun, ompi_info).
 OPEN_MPI_FLAGS = {"--with-ft", "--allow-run-as-root", "--oversubscribe", "--without-cuda",
-                  "--mca", "--prtemca", "--bind-to", "--debug-daemons"}
+                  "--mca", "--prtemca", "--bind-to", "--debug-daemons", "--forward-signals"}
+#: Slurm's flags (sbatch, salloc, scancel), which docs/slurm.md and the README name as such.
+SLURM_FLAGS = {"--no-kill", "--requeue", "--no-requeue", "--signal", "--batch",
+               "--ntasks-per-node"}
 FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
 
 
@@ -108,26 +114,54 @@ def test_every_launcher_flag_the_docs_name_exists():
             for text in named:
                 text = re.sub(r'"[^"]*"', "", text)  # --mpi-args "--bind-to none"
                 wrong += [f"{path.name}:{number}: {flag}" for flag in FLAG.findall(text)
-                          if flag not in flags | OPEN_MPI_FLAGS]
+                          if flag not in flags | OPEN_MPI_FLAGS | SLURM_FLAGS]
     assert not wrong, f"no such elastic-hvd-run flag: {wrong}"
 
 
 def documented_calls():
-    """``(page, the call's dotted name, the call)`` for every call of ``hvd.*`` or ``kc.*``
-    in the docs' Python blocks (which must be Python)."""
+    """``(page, the call's dotted name, the call, torch)`` for every call of ``hvd.*`` or
+    ``kc.*`` in the docs' Python blocks (which must be Python); ``torch``: the block is a
+    PyTorch script (every block of docs/torch.md), whose ``hvd`` is ``elastic_hvd.torch``."""
     for path in DOCS:
         for block in re.findall(r"```python\n(.*?)```", path.read_text(), re.S):
             try:
                 tree = ast.parse(block)
             except SyntaxError as exc:
                 pytest.fail(f"{path.name}: a python block that is not Python ({exc}):\n{block}")
+            torch = path.name == "torch.md" or re.search(
+                r"\b(horovod|elastic_hvd)\.torch\b", block) is not None
             for node in ast.walk(tree):
                 if isinstance(node, ast.Call):
                     name, func = [], node.func
                     while isinstance(func, ast.Attribute):
                         name, func = [func.attr, *name], func.value
                     if isinstance(func, ast.Name) and func.id in ("hvd", "kc") and name:
-                        yield path.name, ".".join([func.id, *name]), node
+                        yield path.name, ".".join([func.id, *name]), node, torch
+
+
+TORCH_PARAMETERS = """
+import inspect, json, sys
+import elastic_hvd.torch as hvd
+out = {}
+for name in json.loads(sys.argv[1]):
+    target = hvd
+    for part in name.split(".")[1:]:
+        target = getattr(target, part)
+    parameters = inspect.signature(target).parameters.values()
+    out[name] = [p.name for p in parameters] + ["**" for p in parameters if p.kind is p.VAR_KEYWORD]
+print(json.dumps(out))
+"""
+
+
+def torch_parameters(names):
+    """The parameter names of ``elastic_hvd.torch``'s callables, read in a process of
+    their own (this one has TensorFlow loaded)."""
+    if not names:
+        return {}
+    pytest.importorskip("torch")
+    done = subprocess.run([sys.executable, "-c", TORCH_PARAMETERS, json.dumps(sorted(names))],
+                          capture_output=True, text=True, timeout=120, check=True)
+    return json.loads(done.stdout)
 
 
 def test_every_keyword_the_docs_pass_exists():
@@ -136,7 +170,15 @@ def test_every_keyword_the_docs_pass_exists():
     import elastic_hvd.tensorflow.keras as hvd
     import keras_callbacks as kc
     wrong, checked = [], 0
-    for page, name, call in documented_calls():
+    calls = list(documented_calls())
+    torch = torch_parameters({name for _, name, _, in_torch in calls if in_torch})
+    for page, name, call, in_torch in calls:
+        if in_torch:
+            names = torch[name]
+            checked += len(call.keywords)
+            wrong += [f"{page}: {name}({k.arg}=)" for k in call.keywords
+                      if k.arg is not None and k.arg not in names and "**" not in names]
+            continue
         target = {"hvd": hvd, "kc": kc}[name.split(".")[0]]
         for part in name.split(".")[1:]:
             target = getattr(target, part)
