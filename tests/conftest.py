@@ -55,7 +55,8 @@ def pytest_configure(config):
     os.environ["TMPDIR"] = str(jobs_tmpdir)  # inherited by every mpirun, prted and rank
 
 
-def pytest_unconfigure(config):
+def pytest_sessionfinish(session):
+    # Here, not at unconfigure: pytest-xdist may end a worker before its unconfigure is done.
     if jobs_tmpdir is not None:
         shutil.rmtree(jobs_tmpdir, ignore_errors=True)
 
