@@ -11,7 +11,7 @@ TF_EXTRA ?= cpu
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[$(TF_EXTRA),test,examples]"
+	$(PY) -m pip install --quiet -e ".[$(TF_EXTRA),test,examples,torch]"
 	# tf_keras (legacy Keras, TF_USE_LEGACY_KERAS=1) matching the installed TF; --no-deps
 	# because it names `tensorflow`, which would pull a second TF beside tensorflow-cpu.
 	$(PY) -m pip install --quiet --no-deps "tf_keras~=$$($(PY) -c 'import tensorflow as t; print(t.__version__.rsplit(".", 1)[0])').0"
