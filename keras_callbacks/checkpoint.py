@@ -128,6 +128,10 @@ class ElasticCheckpoint(tf.keras.callbacks.Callback):
         super().__init__()
         self.final_on_signal = final_on_signal
         self.signals = preempt.Requests()
+        #: The step the job stopped at on SIGUSR1 (its final checkpoint's), else None.
+        self.stopped_on_signal: int | None = None
+        if final_on_signal:  # now: a signal before fit begins is kept for its first step
+            self.signals.install()
         self.files = CheckpointFiles(directory, keep, counts=("epoch", "step", "writer"))
         self.directory, self.sampler, self.every = directory, sampler, every
         self.epoch = 0
@@ -162,11 +166,11 @@ class ElasticCheckpoint(tf.keras.callbacks.Callback):
         self.epoch = epoch
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
-        if (epoch + 1) % self.every == 0:
+        if self.stopped_on_signal is None and (epoch + 1) % self.every == 0:
             self.save(epoch + 1)
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
-        if self.final_on_signal:
+        if self.final_on_signal and self.stopped_on_signal is None:
             requested = self.signals.received.is_set()
             if (preempt.agreed(runtime.current(), requested) if runtime.is_initialized()
                     else requested):
@@ -175,7 +179,9 @@ class ElasticCheckpoint(tf.keras.callbacks.Callback):
 
     def _final_on_signal(self) -> None:
         """Every rank, at the step boundary all agreed on: save the last step trained,
-        record it for the launcher, and exit with EXIT_PREEMPTED."""
+        record it for the launcher, and have Keras stop; ``on_train_end`` exits with
+        EXIT_PREEMPTED.  Not from here: a process that exits in the middle of ``fit``
+        tears TensorFlow down with its input pipeline running (10 s and more here)."""
         comm = runtime.current() if runtime.is_initialized() else None
         step = runtime.session().step if comm is not None else None
         done = self.sampler is not None and self.sampler.steps_left() == 0 and \
@@ -192,7 +198,12 @@ class ElasticCheckpoint(tf.keras.callbacks.Callback):
                    f"last committed one in {self.directory} (exit status {EXIT_PREEMPTED})"))
         preempt.record(step if step is not None else -1, resume_epoch, self.last_saved,
                        self.directory)
-        runtime.exit_with(EXIT_PREEMPTED)
+        self.stopped_on_signal = step if step is not None else -1
+        self.model.stop_training = True
+
+    def on_train_end(self, logs: dict | None = None) -> None:
+        if self.stopped_on_signal is not None:
+            runtime.exit_with(EXIT_PREEMPTED)
 
     def _copy_to_launcher(self) -> None:
         if self.sampler is None or not state_replica.configured():

@@ -21,14 +21,10 @@ import threading
 from types import FrameType
 from typing import Any
 
-import numpy as np
-
 from elastic_hvd.core import config
 
 #: The signal that asks for a final checkpoint (what ``--signal=B:USR1@N`` sends).
 SIGNAL = signal.SIGUSR1
-#: The transaction's signature of the per-step agreement (checked like any collective).
-SIGNATURE = ("preempt_requested",)
 
 
 class Requests:
@@ -56,16 +52,11 @@ class Requests:
 
 
 def agreed(comm: Any, requested: bool) -> bool:
-    """Whether any live rank of ``comm`` has ``requested``: a bitwise AND of "not
-    requested" over the ranks, as one resilient, signature-checked transaction, so a
-    rank lost meanwhile is repaired away and the survivors agree among themselves."""
-    mine = np.array([0 if requested else 1], dtype=np.int64)
-
-    def attempt(mpi_comm: Any) -> int:
-        result = np.empty(1, dtype=np.int64)  # fresh: a failed try may have written it
-        mpi_comm.Allreduce(mine, result, op=comm.MPI.BAND)
-        return int(result[0])
-    return comm.run(SIGNATURE, attempt) == 0
+    """Whether any live rank of ``comm`` has ``requested``: the communicator's own
+    agreement (a bitwise AND of "not requested", resilient: a rank lost meanwhile is
+    repaired away and the survivors agree among themselves).  Unsigned, as every
+    ``agree``: it does not count as a collective for the fault plans' ``coll=N``."""
+    return comm.agree(0 if requested else 1) == 0
 
 
 def record(step: int, epoch: int, saved: bool, directory: str) -> None:

@@ -104,7 +104,8 @@ def exit_status(code: int, outcomes: Sequence[Mapping[str, Any]]) -> tuple[int, 
         return status, (f"exit status {status}: no rank completed: all "
                         f"{reports.lost_words(outcomes)} (mpirun exit status {code})")
     failed = sorted((o for o in ended if o["code"]), key=reports.order)
-    if failed and all(o["code"] == EXIT_PREEMPTED for o in failed):
+    if failed and all(o["code"] == EXIT_PREEMPTED for o in failed) and \
+            any(o.get("preempted") for o in failed):
         return EXIT_PREEMPTED, preempted_line(failed)
     if failed:
         status = failed[0]["code"]
@@ -139,12 +140,8 @@ def _none_completed(code: int, outcomes: Sequence[Mapping[str, Any]],
 
 def preempted_line(outcomes: Sequence[Mapping[str, Any]]) -> str:
     """What the launcher says of a job whose ranks stopped with :data:`EXIT_PREEMPTED`:
-    the step of the final checkpoint, from what the ranks recorded of it."""
-    said = [o["preempted"] for o in outcomes if isinstance(o.get("preempted"), dict)]
-    if not said:
-        return (f"exit status {EXIT_PREEMPTED}: preempted: the ranks wrote a final checkpoint "
-                "on SIGUSR1 and stopped; a requeue resumes from it")
-    last = said[0]
+    the step of the final checkpoint, from what the ranks recorded of it (at least one did)."""
+    last = next(o["preempted"] for o in outcomes if o.get("preempted"))
     if not last.get("saved"):
         return (f"exit status {EXIT_PREEMPTED}: preempted at step {last.get('step')}: the final "
                 f"checkpoint failed; a requeue resumes from the last committed one in "

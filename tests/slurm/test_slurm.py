@@ -333,3 +333,61 @@ def test_slurms_sigterm_reaches_every_rank_and_the_runtime_ends_them_at_once(clu
     measure(cluster, f"{how}: Slurm's SIGTERM -> each rank (a rank catching it); -> the last "
             "rank gone", term_s={r: [round(t, 3) for t in ts] for r, ts in sorted(got.items())},
             last_rank_gone_s=round(last_seen - sent, 2))
+
+
+def test_sigusr1_before_the_end_writes_a_final_checkpoint_and_the_next_job_resumes_from_it(
+        cluster, jobs, tmp_path):
+    # What `#SBATCH --signal=B:USR1@N` does N seconds before the time limit: SIGUSR1 to the
+    # batch shell, elastic-hvd-run itself (the script execs it), which passes it on to
+    # mpirun and every rank.  `scancel --signal=USR1 --batch` sends the same, now.  The
+    # ranks save the last step trained and exit 8; the job submitted again resumes there.
+    from elastic_hvd import state_format
+    out, run0 = tmp_path / "out", tmp_path / "run0"
+    job = jobs.sbatch(fit(out, 3, env={"TEST_STEP_SLEEP": "0.3"}),
+                      options=[*TWO_NODES, "--no-kill"])
+    wait_steps(jobs, job, out, 10)  # mid-epoch 2
+    sent = time.time()
+    jobs.scancel(job, "--signal=USR1", "--batch")
+    info = jobs.wait_state(job, ("COMPLETED", "FAILED", "CANCELLED"), 120)
+    ended = time.time() - sent
+    output = jobs.output(job)
+    assert (info["JobState"], info["ExitCode"]) == ("FAILED", "8:0"), (info, output[-4000:])
+    assert not wait_nodes_clean(cluster, 60)
+    ckpt = out / "ckpt"
+    meta = json.loads((ckpt / "checkpoint.json").read_text())
+    written = (ckpt / "checkpoint.json").stat().st_mtime - sent
+    state = state_format.load(ckpt / meta["state"])
+    last = {p.name: max(s["step"] for s in read_lines(p)) for p in out.glob("steps*.jsonl")}
+    assert len(last) == 4 and set(last.values()) == {meta["step"]}, (last, meta)  # every rank
+    assert (f"exit status 8: preempted: final checkpoint at step {meta['step']}; requeue "
+            "resumes from it") in output, output[-4000:]
+    assert_same_weights_every_step(out)
+    digest = next(s["digest"] for s in steps_logged(out) if s["step"] == meta["step"])
+    run0.mkdir()
+    for path in out.glob("*.jsonl"):
+        path.rename(run0 / path.name)
+
+    again = jobs.sbatch(fit(out, 3, env={"TEST_STEP_SLEEP": "0.3"}),
+                        options=[*TWO_NODES, "--no-kill"], name="again")
+    info = jobs.wait_state(again, ("COMPLETED", "FAILED", "CANCELLED"), 300)
+    output = jobs.output(again, "again")
+    assert (info["JobState"], info["ExitCode"]) == ("COMPLETED", "0:0"), output[-4000:]
+    assert results(out)[0]["restored"] == {"step": meta["step"], "digest": digest}
+    assert min(s["step"] for s in steps_logged(out)) == meta["step"] + 1  # 0 steps redone
+    assert_same_weights_every_step(out)
+    # exactly once across both jobs (as tests/test_preempt_signal.py checks it): run 0's
+    # epochs before the interrupted one, the interrupted one's samples not in the
+    # checkpoint's queue, then run 1's
+    stopped, queue = state["sampler"]["epoch"], state["sampler"]["queue"]
+    assert len(queue) == len(set(queue)) and 0 < len(queue) < SAMPLES, state["sampler"]
+    per_epoch = {e: ids for e, ids in trained_ids(run0, []).items() if e < stopped}
+    assert not set(trained_ids(run0, [])[stopped]) & set(queue)
+    per_epoch[stopped] = sorted(set(range(SAMPLES)) - set(queue))
+    for epoch, ids in trained_ids(out, []).items():
+        per_epoch.setdefault(epoch, []).extend(ids)
+    assert sorted(per_epoch) == [0, 1, 2], sorted(per_epoch)
+    for epoch, ids in per_epoch.items():
+        assert sorted(ids) == list(range(SAMPLES)), f"epoch {epoch}: not exactly once"
+    measure(cluster, "SIGUSR1 to the batch shell (elastic-hvd-run): -> final checkpoint "
+            "committed; -> job ended (exit 8)", checkpoint_s=round(written, 2),
+            ended_s=round(ended, 2), step=meta["step"], step_sleep=0.3)
