@@ -144,7 +144,8 @@ def mismatch(comm):
 def step(comm, mib="4"):
     """Set A = {0, 1, 2}, B = {3}.  A's members run steps of two allreduces as one step
     transaction (ps.consistent); the plan kills rank 1 inside the second allreduce of the
-    first step: both results of that step must come from the survivors {0, 2}."""
+    first step (after its transfer, before the agreement): both results of that step must
+    come from the survivors {0, 2}."""
     registry = comm.process_sets
     a, b = ps.register(comm, registry, [[0, 1, 2], [3]])
     count = int(float(mib) * MIB) // 4
