@@ -10,7 +10,8 @@ batch changes, so the rate must follow:
 * ``"constant_global_batch"``: keep lr and the global batch: the per-rank batch of the
   given :class:`~elastic_hvd.sharding.ElasticSampler` grows to ``initial global batch / size``.
 
-The cumulative factor is the Keras layer's, kept in the training session
+The factors are :mod:`elastic_hvd.lr_policy`'s (PyTorch's DistributedOptimizer applies
+them too).  The cumulative factor is the Keras layer's, kept in the training session
 (``elastic_hvd.tensorflow.layer.session_state().lr_factor``),
 where ``hvd.callbacks.LearningRateScheduleCallback`` / ``…WarmupCallback`` apply it
 too, so a schedule that sets the rate every epoch keeps the rescaling.  With
@@ -18,10 +19,11 @@ momentum correction, momentum is scaled by new_lr / old_lr for the next step, as
 the schedule callbacks do (one correction per optimizer, however many ask).
 """
 
-import math
 from typing import TYPE_CHECKING, Any
 
+from elastic_hvd import lr_policy
 from elastic_hvd.core import announce
+from elastic_hvd.lr_policy import POLICIES, scale_factor  # noqa: F401 (kc.lr.POLICIES)
 from elastic_hvd.tensorflow import layer
 from elastic_hvd.tensorflow.keras.callbacks import (get_lr, momentum_correct, momentum_restore,
                                                     set_lr)
@@ -31,17 +33,6 @@ from .base import LEARNING_RATE, MembershipCallback
 if TYPE_CHECKING:
     from elastic_hvd.core.membership import MembershipEvent
     from elastic_hvd.sharding import ElasticSampler
-
-POLICIES = ("linear", "sqrt", "none", "constant_global_batch")
-
-
-def scale_factor(policy: str, old_size: int, new_size: int) -> float:
-    if policy == "linear":
-        return new_size / old_size
-    if policy == "sqrt":
-        return math.sqrt(new_size / old_size)
-    return 1.0
-
 
 class LearningRateRescaler(MembershipCallback):
     """Rescale the learning rate at each membership change by ``policy`` (see the module doc)."""
@@ -71,10 +62,7 @@ class LearningRateRescaler(MembershipCallback):
         if self.policy == "constant_global_batch":
             return (f"the per-rank batch becomes {-(-self._global_batch // event.new_size)} so "
                     "that the global batch and the learning rate stay")
-        factor = scale_factor(self.policy, event.old_size, event.new_size)
-        if factor == 1.0:
-            return f"the learning rate stays (lr_policy {self.policy!r})"
-        return f"the learning rate is scaled by {factor:.3g} ({self.policy}) at the next step"
+        return lr_policy.describe(self.policy, event)
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
         momentum_restore(self.model.optimizer)  # the corrected momentum served one step

@@ -137,6 +137,9 @@ def test_training_survives_a_rank_killed_from_outside(tmp_path, victim, script):
         assert r["sizes"][0] == 3 and r["sizes"][-1] == 2
     if script == "train":
         assert steps == STEPS
+        # nothing re-shares a plain loop's data: the torch front end's advice, not Keras's
+        assert "(hvd.ElasticDataLoader re-shares the data (every sample once);" \
+            in job.output and "hvd.fit" not in job.output, job.output[-3000:]
     else:  # the epoch the loss hit keeps its 20 batches; later ones are split over 2 ranks
         per_epoch = job.results[survivors[0]]["batches_per_epoch"]
         assert per_epoch[0] == 20 and per_epoch[-1] == 30 and steps == sum(per_epoch), per_epoch
@@ -151,6 +154,12 @@ def test_training_survives_a_rank_killed_from_outside(tmp_path, victim, script):
     sizes = job.results[survivors[0]]["sizes"]
     assert sizes.count(3) in (lost_in, lost_in - 1, lost_in + 1), (sizes, lost_in)
     assert "lost" in job.output  # the one-line announcement of the change
+    # The learning rate follows the live size: the body's (lr_policy "linear") was scaled
+    # by 2/3 at the loss, the counters' (a group's own "lr_policy": "none") stayed.
+    for i in survivors:
+        assert job.results[i]["lrs"] == [pytest.approx(0.01 * 2 / 3), 1.0], job.results[i]
+    assert "the learning rate is scaled by 0.667 (linear) at the optimizer's next update" \
+        in job.output, job.output[-3000:]
 
 
 def test_elastic_data_loader_trains_every_sample_once_through_a_kill(tmp_path):

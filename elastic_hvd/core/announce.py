@@ -5,13 +5,15 @@ at start, a learning rate scaled by ``hvd.size()`` once) has no callback that wo
 say it, and a lost rank changes what such a run trains -- the user must hear it.
 The layers that act on a change (the elastic data, the learning-rate rescaler) say
 what they do through :func:`effect`; what no layer handles is said as what it means
-for the run.  ``ELASTIC_HVD_ANNOUNCE=0`` turns the lines off.  Every message of the
-job names a rank as :func:`who` does, so that one process keeps one name.
+for the run, with the front end's advice on what would handle it (:func:`advise`: the
+PyTorch layer names its own classes; without one, Keras's ``hvd.fit``).
+``ELASTIC_HVD_ANNOUNCE=0`` turns the lines off.  Every message of the job names a rank as
+:func:`who` does, so that one process keeps one name.
 """
 
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TextIO, cast
 
 from . import config, process
@@ -26,6 +28,7 @@ _log = get_logger(__name__)
 #: Said of a loss when no layer re-shares the data / rescales the learning rate.
 UNSHARED_DATA = "the lost {whose} data {shards} not trained {until}"
 UNCHANGED_LR = "the learning rate was not changed"
+#: The advice after what no layer handles, unless a front end gave its own (:func:`advise`).
 ADVICE = "hvd.fit with hvd.ElasticData re-shares the data and rescales the rate"
 SPARES_ADVICE = "elastic-hvd-run --spares K keeps replacements ready"
 
@@ -36,6 +39,16 @@ def effect(topic: str, describe: Callable[[MembershipEvent], str | None]) -> Non
     (``"when"``), for the line; replaces the earlier description of that topic.  Kept in
     the process's runtime: callables ``event -> text or None`` by topic."""
     process.runtime().effects[topic] = describe
+
+
+def advise(by_topic: Mapping[str, str]) -> None:
+    """The front end's advice on what would handle a loss: by topic (``"data"``,
+    ``"lr"``), which of its calls re-share the data / rescale the rate.  Said, for the
+    topics no layer handled, after what the loss means, in place of :data:`ADVICE`.  Kept
+    with the effects, as the topic ``"advice"`` (its text: the unhandled topics' advice)."""
+    advice = dict(by_topic)
+    process.runtime().effects["advice"] = lambda topics: " and ".join(
+        advice[t] for t in topics if t in advice) or None
 
 
 def who(rank: int | None, original_id: int | None, *, with_id: bool = False) -> str:
@@ -103,7 +116,8 @@ def consequences(event: MembershipEvent, comm: "ResilientComm") -> list[str]:
     """What the change means for the run: each topic's registered effect, or what an
     unhandled loss means."""
     effects = process.runtime().effects
-    said = [text for topic, of in effects.items() if topic != "when" and (text := of(event))]
+    said = [text for topic, of in effects.items()
+            if topic not in ("when", "advice") and (text := of(event))]
     if not event.lost:
         return said
     many = len(event.lost) > 1
@@ -112,11 +126,12 @@ def consequences(event: MembershipEvent, comm: "ResilientComm") -> list[str]:
     unshared = UNSHARED_DATA.format(
         whose="ranks'" if many else "rank's", shards="shards are" if many else "shard is",
         until="until a replacement takes its place" if replaced else "for the rest of this run")
-    unhandled = [text for topic, text in (("data", unshared), ("lr", UNCHANGED_LR))
-                 if topic not in effects]
+    topics = [topic for topic in ("data", "lr") if topic not in effects]
+    unhandled = [{"data": unshared, "lr": UNCHANGED_LR}[topic] for topic in topics]
     if not unhandled:
         return said
-    unhandled[-1] += f" ({ADVICE})" if replaced else f" ({ADVICE}; {SPARES_ADVICE})"
+    advice = (effects["advice"](topics) if "advice" in effects else None) or ADVICE
+    unhandled[-1] += f" ({advice})" if replaced else f" ({advice}; {SPARES_ADVICE})"
     return said + unhandled
 
 

@@ -6,6 +6,17 @@ Under ``elastic-hvd-run --as-horovod`` an unchanged ``import horovod.torch as hv
 this module.
 """
 
+import sys as _sys
+
+if "tensorflow" in _sys.modules and "triton" not in _sys.modules:
+    # TensorFlow is loaded and triton is not: loading triton now would segfault.  PyPI's
+    # CUDA build of torch brings triton, and torch imports it when it first makes an
+    # optimizer (torch._dynamo asks whether triton is installed); libtriton.so's LLVM
+    # static constructors then run against TensorFlow's LLVM symbols (a free() of a bad
+    # pointer in llvm::DebugCounter, _GLOBAL__sub_I_PassBuilder.cpp).  So torch is told
+    # there is no triton here (an import of it raises ImportError): CPU tensors need none.
+    _sys.modules["triton"] = None  # type: ignore[assignment]
+
 from ..basics import (ccl_built, cross_rank, cross_size, cuda_built, ddl_built,  # noqa: F401
                       elastic_enabled, gloo_built, gloo_enabled, init, is_homogeneous,
                       is_initialized, local_rank, local_size, mpi_built, mpi_enabled,
@@ -29,3 +40,10 @@ from .data import ElasticDataLoader  # noqa: F401
 from .optimizer import DistributedOptimizer  # noqa: F401
 from .sync_batch_norm import SyncBatchNorm  # noqa: F401
 from . import elastic  # noqa: F401 (hvd.elastic)
+
+from ..core import announce as _announce
+
+#: What the announcement of a loss that no layer handled advises in a torch job, by topic.
+_ADVICE = {"data": "hvd.ElasticDataLoader re-shares the data (every sample once)",
+          "lr": "hvd.DistributedOptimizer rescales the learning rate (lr_policy=)"}
+_announce.advise(_ADVICE)

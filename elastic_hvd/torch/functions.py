@@ -57,13 +57,19 @@ def broadcast_parameters(params: Any, root_rank: int) -> None:
 def broadcast_optimizer_state(optimizer: Any, root_rank: int, model: Any = None) -> None:
     """Give every rank ``root_rank``'s optimizer state and options (learning rate,
     momentum, ...): its ``state_dict()``, loaded on the others.  ``model`` is accepted
-    for Horovod's signature and not needed."""
+    for Horovod's signature and not needed.  A ``DistributedOptimizer`` first scales its
+    rate for the membership changes it has not followed yet, and the others take the
+    root's rate as following the same ones (a rank that joined: those before it joined)."""
     if isinstance(optimizer, torch.optim.LBFGS):
         raise ValueError("cannot broadcast torch.optim.LBFGS state")
+    follow = getattr(optimizer, "_hvd_follow_size", None)
+    seen = follow() if follow is not None else None
     local = optimizer.state_dict()
     state = broadcast_object(local, root_rank, name="HorovodOptimizerState")
     if state is not local:  # the root gets its own object back
         optimizer.load_state_dict(state)
+        if seen is not None:  # a change during the broadcast: followed later, as the root's
+            optimizer._hvd_seen = seen
 
 
 def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,

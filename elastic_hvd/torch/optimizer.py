@@ -11,6 +11,16 @@ it with the same local gradients, so a step never mixes two memberships, and its
 commits the step (``runtime.session().step``).  Horovod overlaps each gradient's
 allreduce with the rest of the backward pass; here the step's reductions start once the
 backward pass is over (the price of redoing the whole step as one).
+
+The learning rate follows the live size (``lr_policy``, :mod:`elastic_hvd.lr_policy`):
+each membership change since the optimizer was made scales every parameter group's
+``lr`` by the policy's factor (``"linear"`` by default: new size / old size; a group's
+own ``"lr_policy"`` key overrides the optimizer's), applied in ``step()`` after the
+reduction and before the update, so the update that follows a change uses the rate for
+the new size -- alike on every rank, as the events are.  The change's announcement says
+so (``core.announce.effect("lr", ...)``).  ``broadcast_optimizer_state`` applies what is
+pending before sending the root's rate, so a rank that joins takes over the rate for the
+size it joins.
 """
 
 import contextlib
@@ -21,12 +31,17 @@ from typing import Any
 import numpy as np
 import torch
 
+from .. import lr_policy as _lr_policy
 from ..common.util import split_list
-from ..core import reducer
+from ..core import announce, faults, reducer, runtime
 from ..core.ops import Average, check_op
 from .compression import Compression, Compressor
 from .data import data_state, weightless_step
 from .mpi_ops import ProcessSet, check_process_set, global_process_set, run, to_numpy, to_tensor
+
+#: The learning-rate policies of DistributedOptimizer (constant_global_batch is Keras's:
+#: it needs the data layer's batch size).
+LR_POLICIES = ("linear", "sqrt", "none")
 
 #: Name of the step transaction in the core's messages.
 GRADIENTS = "HorovodGradients"
@@ -42,10 +57,15 @@ class _DistributedOptimizer:
     #: own hash is a Python call: measurable per parameter and pass).
     _hvd_delay: dict[int, int]
     _hvd_pending: set[int]
+    #: The policy by which each membership change scales the learning rate.
+    _hvd_lr_policy: str
+    #: How many of the communicator's membership events the rate has followed.
+    _hvd_seen: int
 
     def _hvd_setup(self, named_parameters: Any, compression: type[Compressor],
                    backward_passes_per_step: int, op: int, gradient_predivide_factor: float,
-                   groups: Any, sparse_as_dense: bool, process_set: ProcessSet) -> None:
+                   groups: Any, sparse_as_dense: bool, process_set: ProcessSet,
+                   lr_policy: str = "linear") -> None:
         param_groups: list[dict[str, Any]] = self.param_groups  # type: ignore[attr-defined]
         if named_parameters is not None:
             named_parameters = list(named_parameters)
@@ -81,6 +101,30 @@ class _DistributedOptimizer:
         self._hvd_pending = set()
         self._hvd_hooks = [p.register_post_accumulate_grad_hook(self._hvd_hook)
                            for p in self._hvd_params]
+        self._hvd_lr_policy = _lr_policy.check(lr_policy, LR_POLICIES)
+        for group in param_groups:
+            if "lr_policy" in group:
+                _lr_policy.check(group["lr_policy"], LR_POLICIES)
+        # The rate given is the one for the size now: only later changes scale it.
+        self._hvd_seen = len(runtime.current().events) if runtime.is_initialized() else 0
+        policy = self._hvd_lr_policy
+        announce.effect("lr", lambda event: _lr_policy.describe(
+            policy, event, "at the optimizer's next update"))
+
+    def _hvd_follow_size(self) -> int:
+        """Scale each group's ``lr`` for the membership changes not followed yet (see
+        the module doc); the number of changes followed."""
+        if not runtime.is_initialized():
+            return self._hvd_seen
+        events = runtime.current("DistributedOptimizer").events
+        for event in events[self._hvd_seen:]:
+            for group in self.param_groups:  # type: ignore[attr-defined]
+                factor = _lr_policy.scale_factor(group.get("lr_policy", self._hvd_lr_policy),
+                                                 event.old_size, event.new_size)
+                if factor != 1.0:
+                    group["lr"] = group["lr"] * factor
+        self._hvd_seen = len(events)
+        return self._hvd_seen
 
     def _hvd_partition(self, groups: Any) -> list[list[int]]:
         """Indices of the parameters per fused group: all in one without ``groups``;
@@ -148,6 +192,8 @@ class _DistributedOptimizer:
         """Reduce every gradient of the step across the live ranks, in one step transaction
         (a parameter without a gradient contributes zeros, as in Horovod), and put the
         results in ``p.grad``."""
+        if runtime.is_initialized():  # elastic-hvd-run --faults rank=R,step=N: before step N
+            faults.at_step(runtime.session("DistributedOptimizer").step + 1)
         dense: list[list[tuple[torch.Tensor, torch.Tensor, Any]]] = []
         sparse: list[torch.Tensor] = []
         for group in self._hvd_groups:
@@ -234,6 +280,7 @@ class _DistributedOptimizer:
                               "optimizer.synchronize() in your code.", stacklevel=2)
             self.synchronize()
         self._synchronized = False
+        self._hvd_follow_size()  # a change inside the reduction: this update at the new size
         return super().step(closure)  # type: ignore[misc]
 
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -249,11 +296,15 @@ def DistributedOptimizer(optimizer: Any, named_parameters: Any = None,
                          backward_passes_per_step: int = 1, op: int = Average,
                          gradient_predivide_factor: float = 1.0, num_groups: int = 0,
                          groups: Any = None, sparse_as_dense: bool = False,
-                         process_set: ProcessSet = global_process_set) -> Any:
+                         process_set: ProcessSet = global_process_set,
+                         lr_policy: str = "linear") -> Any:
     """``optimizer`` (a ``torch.optim.Optimizer``) whose ``step()`` first averages the
     gradients across the live ranks (see the module's doc); its state, options and
     parameter groups are the wrapped optimizer's.  Arguments as Horovod 0.28's; op=Adasum
-    raises NotImplementedError."""
+    raises NotImplementedError.  elastic_hvd's own: ``lr_policy``, how the learning rate
+    follows the live size (``"linear"``, ``"sqrt"``, ``"none"``; a parameter group's
+    ``"lr_policy"`` key overrides it for that group)."""
+    _lr_policy.check(lr_policy, LR_POLICIES)
     check_process_set(process_set)
     op = check_op(op)
     if gradient_predivide_factor != 1.0 and op != Average:
@@ -272,5 +323,6 @@ def DistributedOptimizer(optimizer: Any, named_parameters: Any = None,
     if hasattr(wrapped, "_patch_step_function"):  # torch's step hooks and profiling
         wrapped._patch_step_function()
     wrapped._hvd_setup(named_parameters, compression, backward_passes_per_step, op,
-                       gradient_predivide_factor, groups, sparse_as_dense, process_set)
+                       gradient_predivide_factor, groups, sparse_as_dense, process_set,
+                       lr_policy)
     return wrapped

@@ -240,7 +240,10 @@ def _setup():
     model = Net(IDS)
     counters = [model.counter_a, model.counter_b]
     body = [p for n, p in model.named_parameters() if not n.startswith("counter")]
-    opt = torch.optim.SGD([{"params": body, "lr": 0.01}, {"params": counters, "lr": 1.0}])
+    # The body's rate follows the live size (lr_policy "linear", the default); the
+    # counters' stays 1, so that each committed step adds exactly 1 a member.
+    opt = torch.optim.SGD([{"params": body, "lr": 0.01},
+                           {"params": counters, "lr": 1.0, "lr_policy": "none"}])
     opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(), op=hvd.Sum,
                                    groups=[[model.counter_a], [model.counter_b]])
     return me, model, opt
@@ -261,10 +264,10 @@ def _step(model, opt, x, y, sizes, batch, epoch=0):
     time.sleep(float(os.environ.get("TORCH_JOB_STEP_SLEEP", "0.02")))
 
 
-def _report(model, sizes, **more):
+def _report(model, opt, sizes, **more):
     report.write(_me(), rank=hvd.rank(), size=hvd.size(), steps=runtime.session().step,
                  counter_a=model.counter_a.tolist(), counter_b=model.counter_b.tolist(),
-                 sizes=sizes, **more)
+                 sizes=sizes, lrs=[group["lr"] for group in opt.param_groups], **more)
 
 
 def train(steps):
@@ -278,7 +281,7 @@ def train(steps):
         x = torch.randn(8, 1, 8, 8, generator=g)
         y = torch.randint(0, 3, (8,), generator=g)
         _step(model, opt, x, y, sizes, step)
-    _report(model, sizes)
+    _report(model, opt, sizes)
 
 
 def train_elastic(epochs):
@@ -308,20 +311,21 @@ def train_elastic(epochs):
             state.commit()
 
     fit(state)
-    _report(model, sizes, batches_per_epoch=seen)
+    _report(model, opt, sizes, batches_per_epoch=seen)
 
 
 def exactly_once(epochs, samples):
     """The exactly-once oracle: one weight per sample id, the loss the sum of the weights
     of this rank's batch (gradient 1 at each id trained), op=Sum and lr 1: every epoch
-    must subtract exactly 1 from every weight, whoever trained it, whatever was lost.
+    must subtract exactly 1 from every weight, whoever trained it, whatever was lost
+    (lr_policy "none": the rate stays 1 through the loss).
     It reads what the optimizer applied, not the sampler's rule."""
     hvd.init()
     me = runtime.current().original_id
     data = torch.utils.data.TensorDataset(torch.arange(samples))
     w = torch.nn.Parameter(torch.zeros(samples))
     opt = hvd.DistributedOptimizer(torch.optim.SGD([w], lr=1.0), named_parameters=[("w", w)],
-                                   op=hvd.Sum)
+                                   op=hvd.Sum, lr_policy="none")
     loader = hvd.ElasticDataLoader(data, batch_size=2, shuffle=True, seed=5, num_workers=2)
     sizes, after_epoch = [], []
     for epoch in range(epochs):
