@@ -269,12 +269,14 @@ def test_registration_gives_horovods_ids_and_duplicates(tmp_path):
 
 @pytest.mark.multirank
 def test_tf_a_member_killed_inside_hvd_allreduce_on_its_set(tmp_path):
-    # The TF layer: hvd.init(process_sets=[A = {0, 1}, B = {2, 3}]); rank 1 SIGKILLs itself
-    # 10 ms into its 4th 16 MiB hvd.allreduce(..., process_set=A) (eager and tf.function
-    # calls alternate).  A's survivor finishes alone, B is untouched; after a global
-    # allreduce every survivor sees the same sets; a set broadcast from a global root rank
-    # and a DistributedGradientTape step on the set follow the survivors.
-    job = run_job("tf_process_sets.py", "6", "4", tmp_path=tmp_path, timeout=240)
+    # The TF layer: hvd.init(process_sets=[A = {0, 1}, B = {2, 3}]); rank 1 is SIGKILLed
+    # inside its 4th 16 MiB hvd.allreduce(..., process_set=A), once its transfer completed
+    # and before the agreement (its 4th checked collective: registration's are unchecked;
+    # eager and tf.function calls alternate).  A's survivor finishes alone, B is untouched;
+    # after a global allreduce every survivor sees the same sets; a set broadcast from a
+    # global root rank and a DistributedGradientTape step on the set follow the survivors.
+    job = run_job("tf_process_sets.py", "6", "0", faults="rank=1,coll=4,phase=after",
+                  tmp_path=tmp_path, timeout=240)
     assert sorted(job.results) == [0, 2, 3], job.output[-3000:]
     zero = job.results[0]
     assert all(exact for _, exact in zero["exact"])

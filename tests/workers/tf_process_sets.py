@@ -2,10 +2,11 @@
 
 4 ranks, ``hvd.init(process_sets=[A, B])`` with A = ranks {0, 1} and B = {2, 3}.  Each
 rank reduces 16 MiB ``calls`` times on its own set (``hvd.allreduce(..., process_set=)``,
-eagerly and in a ``tf.function``); rank 1 SIGKILLs itself 10 ms into its ``kill_at``-th
-call, so that it dies inside A's allreduce.  Then every survivor calls a global allreduce
-(the global repair, and the sets derived again), a broadcast on its set from a global
-root rank, and a DistributedGradientTape step on its set.  Each rank reports what it got.
+eagerly and in a ``tf.function``); the test's fault plan kills rank 1 inside one of A's
+allreduces (or, with ``kill_at`` > 0, rank 1 SIGKILLs itself 10 ms into that call).
+Then every survivor calls a global allreduce (the global repair, and the sets derived
+again), a broadcast on its set from a global root rank, and a DistributedGradientTape
+step on its set.  Each rank reports what it got.
 
     python tf_process_sets.py [calls] [kill_at]
 """
