@@ -85,7 +85,7 @@ def test_a_resumed_run_says_where_and_how_much_is_left_before_it_trains(finished
 # -- the docs name what exists ----------------------------------------------------------
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 #: Pages whose flags are a benchmark's or an example's own, not the launcher's.
-SCRIPT_PAGES = {"benchmarks.md", "fruits360.md"}
+SCRIPT_PAGES = {"benchmarks.md", "fruits360.md", "horovod-tests.md"}
 #: Open MPI's flags, which the docs name as such (mpirun, ompi_info).
 OPEN_MPI_FLAGS = {"--with-ft", "--allow-run-as-root", "--oversubscribe", "--without-cuda",
                   "--mca", "--prtemca", "--bind-to", "--debug-daemons", "--forward-signals"}
