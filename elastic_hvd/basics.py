@@ -12,7 +12,7 @@ from typing import Any
 from . import growth_policy
 from .core import process, runtime
 from .core.comm import ResilientComm
-from .core.process_sets import init_process_sets
+from .core.process_set_api import init_process_sets
 from .core.mpi_env import ft_enabled
 
 
@@ -34,7 +34,7 @@ def init(comm: Any = None, process_sets: Any = None,
          min_np: int | None = None) -> ResilientComm:
     """Start elastic_hvd (idempotent).  ``comm``: mpi4py communicator or list of ranks.
     ``process_sets``: Horovod's (a list of ProcessSet, registered by every rank alike, or
-    ``"dynamic"``; see :func:`.core.process_sets.init_process_sets`)."""
+    ``"dynamic"``; see :func:`.core.process_set_api.init_process_sets`)."""
     first = not runtime.is_initialized()
     started = runtime.init(comm, min_np=min_np,
                            has_growth_point=growth_policy.main_has_growth_point)

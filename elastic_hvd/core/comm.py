@@ -41,7 +41,7 @@ from .membership import Listeners, MembershipEvent
 from .process_sets import Registry
 from .repair import RepairMixin
 from .signature import SignaturePredictor
-from .transaction import _CLEAN, _OK, _POST, _PRE, LEAVE, LeftEarly, TransactionMixin
+from .transaction import LEAVE, LeftEarly, TransactionMixin
 
 if TYPE_CHECKING:
     from .heartbeat import Heartbeat
@@ -291,6 +291,6 @@ class ResilientComm(TransactionMixin, RepairMixin, CollectivesMixin):
         self.run(LEAVE, lambda comm: comm.Barrier())
 
 
-# The agreement's bits, LEAVE and LeftEarly are the transaction's (:mod:`.transaction`);
-# named here too, where the tests' scenarios and the runtime read them.
-__all__ = ["LEAVE", "LeftEarly", "ResilientComm", "_CLEAN", "_OK", "_POST", "_PRE"]
+# LEAVE and LeftEarly are the transaction's (:mod:`.transaction`); named here too, where the
+# runtime reads them.
+__all__ = ["LEAVE", "LeftEarly", "ResilientComm"]

@@ -19,9 +19,9 @@ import numpy as np
 import tensorflow as tf
 
 from ..core import ElasticHvdError, reducer, runtime
-from ..core import process_sets
-from ..core.process_sets import (ProcessSet, add_process_set, global_process_set,  # noqa: F401
-                                 remove_process_set)
+from ..core import process_set_api, process_sets
+from ..core.process_set_api import (ProcessSet, add_process_set, global_process_set,  # noqa: F401
+                                    remove_process_set)
 from ..core.ops import Average, Max, Min, Product, ReduceOp, Sum, check_op
 from . import ordering, timeline
 from .errors import for_tensorflow
@@ -38,14 +38,14 @@ def check_process_set(process_set: ProcessSet | None) -> int:
     """The registered id of ``process_set`` (Horovod's ``process_set=``), read when the op
     is made, as Horovod bakes it into the op; UnknownProcessSetError (a ValueError, as
     Horovod's) when it is not registered."""
-    return process_sets.set_id_of(process_set)
+    return process_set_api.set_id_of(process_set)
 
 
 def _on_set(comm: "ResilientComm", set_id: int) -> Any:
     """What an op on set ``set_id`` runs on: the live communicator, or the set's
     :class:`~elastic_hvd.core.process_sets.SetComm` (a non-member: NotInProcessSetError,
     raised as TF's InvalidArgumentError, as Horovod's op fails)."""
-    return process_sets.comm_of(comm, set_id)
+    return process_set_api.comm_of(comm, set_id)
 
 
 def set_root(target: Any, root_rank: int) -> int:

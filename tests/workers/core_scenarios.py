@@ -13,7 +13,7 @@ import numpy as np
 
 import report
 from elastic_hvd import core
-from elastic_hvd.core import comm as comm_module
+from elastic_hvd.core import transaction
 
 MIB = 1024 * 1024
 
@@ -157,9 +157,9 @@ def contradictory_agreement(comm):
 
     def agree(mpi_comm, flag, timeout=None):
         value = real(mpi_comm, flag, timeout)
-        if flag & comm_module._POST and not forced:  # the allreduce's outcome
+        if flag & transaction._POST and not forced:  # the allreduce's outcome
             forced.append(value)
-            return comm_module._POST
+            return transaction._POST
         return value
 
     comm._agree = agree
@@ -179,7 +179,7 @@ def foreign_agreement(comm, who="all"):
 
     def agreement(mpi_comm, value, timeout):
         seen.append(real(mpi_comm, value, timeout))
-        if (value & comm_module._POST and len(seen) > 1 and not forced
+        if (value & transaction._POST and len(seen) > 1 and not forced
                 and who in ("all", str(comm.original_id))):
             forced.append(seen[-2])
             return seen[-2]
