@@ -1,6 +1,7 @@
 """The Slurm tests (``make test-slurm``): one real cluster (cluster.py) for the session.
 
-Not part of ``make test``: collected only with ELASTIC_HVD_SLURM_TESTS=1, which the
+Not part of ``make test`` (but for test_launcher_units.py, which needs no cluster): the
+cluster tests are collected only with ELASTIC_HVD_SLURM_TESTS=1, which the
 Makefile's ``test-slurm`` target sets.  The cluster is stopped by the session's
 finalizer, also when a test fails; each test then checks that nothing of its jobs is
 left on any node.
@@ -22,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from cluster import Cluster  # noqa: E402
 
 if os.environ.get("ELASTIC_HVD_SLURM_TESTS") != "1":
-    collect_ignore_glob = ["test_*.py"]
+    collect_ignore_glob = ["test_slurm.py"]  # test_launcher_units.py: single-process, in make test
 
 VENV_BIN = Path(sys.executable).parent
 WORKERS = Path(__file__).resolve().parent.parent / "workers"
