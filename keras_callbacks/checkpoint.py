@@ -40,8 +40,9 @@ On SIGUSR1 (Slurm's ``--signal=B:USR1@N``, which ``elastic-hvd-run`` passes on t
 every rank) the ranks agree on the next step boundary, save there -- a committed
 checkpoint of the last step trained, mid-epoch included -- and every rank exits with
 EXIT_PREEMPTED (8); a job started again resumes from it with no step redone
-(:mod:`keras_callbacks.preempt`, docs/slurm.md).  ``final_on_signal=False`` turns
-this off (and the small agreement it adds to every step).
+(:mod:`keras_callbacks.preempt`, docs/slurm.md).  On by default inside a Slurm job
+(``SLURM_JOB_ID``) only: it adds an agreement to every step; ``final_on_signal=True`` or
+``False`` says so outright.
 
 Not guaranteed: if the writer dies during the *final* checkpoint (too few
 ranks), nobody writes it in its place: the previous committed one stays.
@@ -118,15 +119,18 @@ def _one_line(exc: BaseException) -> str:
 class ElasticCheckpoint(tf.keras.callbacks.Callback):
     """Save at the end of every ``every`` epochs into ``directory``, keeping the newest
     ``keep`` committed checkpoints; ``restore()`` resumes from the newest.  With
-    ``final_on_signal`` (the default), SIGUSR1 makes every rank save at the next step
-    boundary they agree on and exit with ``EXIT_PREEMPTED`` (see the module doc)."""
+    ``final_on_signal`` (default: inside a Slurm job), SIGUSR1 makes every rank save at the
+    next step boundary they agree on and exit with ``EXIT_PREEMPTED`` (see the module doc)."""
 
     _sending: threading.Thread | None
 
     def __init__(self, directory: str, sampler: "ElasticSampler | None" = None, every: int = 1,
-                 keep: int = 3, final_on_signal: bool = True) -> None:
+                 keep: int = 3, final_on_signal: bool | None = None) -> None:
         super().__init__()
-        self.final_on_signal = final_on_signal
+        # None: on inside a Slurm job only (SLURM_JOB_ID), where --signal=B:USR1@N asks for
+        # it; elsewhere the per-step agreement it adds is not paid unless asked for.
+        self.final_on_signal = ("SLURM_JOB_ID" in os.environ if final_on_signal is None
+                                else final_on_signal)
         self.signals = preempt.Requests()
         #: The step the job stopped at on SIGUSR1 (its final checkpoint's), else None.
         self.stopped_on_signal: int | None = None

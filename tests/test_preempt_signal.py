@@ -64,7 +64,8 @@ def test_sigusr1_to_the_launcher_writes_a_final_checkpoint_and_the_next_run_resu
         tmp_path):
     out, run0 = tmp_path / "out", tmp_path / "run0"
     first = run_job("elastic_fit.py", EPOCHS, np=2, tmp_path=tmp_path, timeout=300,
-                    env={"TEST_STEP_SLEEP": "0.2"}, expect_rc=EXIT_PREEMPTED,
+                    env={"TEST_STEP_SLEEP": "0.2", "TEST_FINAL_ON_SIGNAL": "1"},
+                    expect_rc=EXIT_PREEMPTED,
                     watcher=signal_after(17))  # mid-epoch 2
     step, state = check_final_checkpoint(out, first.output)
     assert "SIGUSR1 received: stopping at the end of step" in first.output
@@ -105,7 +106,7 @@ def test_plain_mpirun_passes_sigusr1_on_to_the_ranks(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     cmd = [find_mpirun(), "-np", "2", "--with-ft", "ulfm", "--allow-run-as-root",
-           "-x", f"TEST_OUT_DIR={out}", "-x", "TEST_STEP_SLEEP=0.2",
+           "-x", f"TEST_OUT_DIR={out}", "-x", "TEST_STEP_SLEEP=0.2", "-x", "TEST_FINAL_ON_SIGNAL=1",
            sys.executable, str(WORKERS / "elastic_fit.py"), str(EPOCHS)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)

@@ -77,7 +77,9 @@ def main(epochs):
                                  tf.keras.layers.Dense(1)])
     model.compile(optimizer=hvd.DistributedOptimizer(
         tf.keras.optimizers.SGD(BASE_LR * comm.size, momentum=0.5)), loss="mse")
-    checkpoint = CrashingCheckpoint(os.path.join(OUT, "ckpt"), sampler=sampler)
+    checkpoint = CrashingCheckpoint(os.path.join(OUT, "ckpt"), sampler=sampler,
+                                    final_on_signal=os.environ.get("TEST_FINAL_ON_SIGNAL") == "1"
+                                    or None)
     initial_epoch = checkpoint.restore(model)
     restored = {"step": runtime.session().step, "digest": StepDigests.digest(model)}
     rescaler = kc.LearningRateRescaler("linear")
