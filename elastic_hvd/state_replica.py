@@ -230,15 +230,16 @@ class Keeper:
     def _handle(self, conn: socket.socket, peer: tuple[Any, ...]) -> None:
         try:
             with conn:
-                why = self._answer(conn)
+                why = self._answer(conn, peer)
                 if why is not None:  # said before the peer sees the connection closed
                     self._refusals.note(peer, why)
         finally:
             with self._lock:
                 self._open -= 1
 
-    def _answer(self, conn: socket.socket) -> str | None:
-        """Serve one request; return why it was refused (None: served, or a proved
+    def _answer(self, conn: socket.socket, peer: tuple[Any, ...]) -> str | None:
+        """Serve one request; return why it was refused (None: served, refused with a
+        reply -- noted before the reply, which the peer may act on at once -- or a proved
         peer went away, as a rank killed mid-send does)."""
         challenge = secrets.token_bytes(CHALLENGE_BYTES)
         try:
@@ -265,8 +266,9 @@ class Keeper:
                 _send_head(conn, self.secret, challenge, b"reply", {"ok": True})
                 payload = _read_payload(conn, head)
             except Refused as exc:
+                self._refusals.note(peer, f"{exc}, after a valid proof of the job's secret")
                 _send_head(conn, self.secret, challenge, b"reply", {"ok": False, "why": str(exc)})
-                return f"{exc}, after a valid proof of the job's secret"
+                return None
             with self._lock:
                 kept = self.position is None or position >= self.position
                 if kept:

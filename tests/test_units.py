@@ -400,7 +400,7 @@ def test_check_op_and_its_mpi_operation():
 
 def test_process_sets_are_checked_as_horovod_checks_them(monkeypatch):
     # (process sets were refused until issue 45; tests/test_process_sets.py runs them)
-    from elastic_hvd.core import process_sets as ps
+    from elastic_hvd.core import process_set_api as ps
     with pytest.raises(ValueError, match="list of process ranks or an mpi4py Comm"):
         ps.ProcessSet([0.5])
     assert ps.ProcessSet(range(3, 0, -1)).ranks == [1, 2, 3]
