@@ -4,26 +4,7 @@ from typing import Any
 
 import tensorflow as tf
 
-
-class Compressor:
-    @staticmethod
-    def compress(tensor: Any) -> tuple[Any, Any]:
-        """Returns (compressed tensor, context for decompress)."""
-        raise NotImplementedError
-
-    @staticmethod
-    def decompress(tensor: Any, ctx: Any) -> Any:
-        raise NotImplementedError
-
-
-class NoneCompressor(Compressor):
-    @staticmethod
-    def compress(tensor: Any) -> tuple[Any, Any]:
-        return tensor, None
-
-    @staticmethod
-    def decompress(tensor: Any, ctx: Any) -> Any:
-        return tensor
+from ..common.compression import Compressor, NoneCompressor
 
 
 class FP16Compressor(Compressor):
