@@ -20,6 +20,7 @@ import functools
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from ..common.elastic_state import StateBasics
 from ..core import runtime
 from ..growth_policy import GrowthPolicy, mark_growth_point
 from ..basics import init, rank, shutdown  # noqa: F401 (hvd.elastic.*, as Horovod's)
@@ -82,7 +83,7 @@ def _sync(state: "State", comm: "ResilientComm") -> None:
     policy.load_state(comm.broadcast_object(policy.state()))
 
 
-class State:
+class State(StateBasics):
     """Named values (epoch, batch, ...) kept in sync across ranks.
 
     ``commit``/``save`` keep a copy of the training state in memory, ``restore``
@@ -99,42 +100,6 @@ class State:
 
     def _training_state(self) -> TrainingState:
         return TrainingState(values=self._values)
-
-    def __getattr__(self, name: str) -> Any:
-        values = self.__dict__.get("_values", {})
-        if name in values:
-            return values[name]
-        raise AttributeError(name)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name.startswith("_"):
-            super().__setattr__(name, value)
-        else:
-            self._values[name] = value
-
-    def register_reset_callbacks(self, callbacks: Iterable[Callable[[], Any]]) -> None:
-        self._reset_callbacks.extend(callbacks)
-
-    def on_reset(self) -> None:
-        self.reset()
-        for callback in self._reset_callbacks:
-            callback()
-
-    def reset(self) -> None:
-        """Horovod's hook for subclasses: called by :meth:`on_reset` before the reset
-        callbacks (here: after the job grew).  Nothing to do by default."""
-
-    def on_hosts_updated(self, timestamp: float, update_res: Any) -> None:
-        """Not provided: Horovod's driver calls it to announce host changes; here ranks
-        join through the growth policy checked by :meth:`check_host_updates`."""
-        raise NotImplementedError(
-            "State.on_hosts_updated is how Horovod's elastic driver announces host changes; "
-            "elastic_hvd has no such driver: joining ranks are found by commit() "
-            "(check_host_updates) through the growth policy")
-
-    def commit(self) -> None:
-        self.save()
-        self.check_host_updates()
 
     def check_host_updates(self) -> None:
         """Failures need nothing here (they are handled inside the collectives); this

@@ -25,11 +25,12 @@ import dataclasses
 import functools
 import math
 import random
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import torch
 
+from ..common.elastic_state import StateBasics
 from ..basics import init, rank, shutdown, size  # noqa: F401 (hvd.elastic.*, as Horovod's)
 from ..core import announce, process, runtime
 from ..core.membership import MembershipEvent
@@ -155,7 +156,7 @@ class ElasticSampler(torch.utils.data.Sampler):
         return self.num_samples
 
 
-class TorchState:
+class TorchState(StateBasics):
     """Horovod's ``TorchState``: a model, an optimizer and named values (epoch, batch,
     an :class:`ElasticSampler`, any picklable object) kept in sync across ranks.
 
@@ -177,42 +178,6 @@ class TorchState:
     @property
     def optimizer(self) -> torch.optim.Optimizer | None:
         return self._optimizer
-
-    def __getattr__(self, name: str) -> Any:
-        values = self.__dict__.get("_values", {})
-        if name in values:
-            return values[name]
-        raise AttributeError(name)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name.startswith("_"):
-            super().__setattr__(name, value)
-        else:
-            self._values[name] = value
-
-    def register_reset_callbacks(self, callbacks: Iterable[Callable[[], Any]]) -> None:
-        self._reset_callbacks.extend(callbacks)
-
-    def on_reset(self) -> None:
-        self.reset()
-        for callback in self._reset_callbacks:
-            callback()
-
-    def reset(self) -> None:
-        """Horovod's hook for subclasses, called by :meth:`on_reset` before the reset
-        callbacks (here: after the job grew).  Nothing to do by default."""
-
-    def on_hosts_updated(self, timestamp: float, update_res: Any) -> None:
-        """Not provided: Horovod's driver calls it to announce host changes; here ranks
-        join through the growth policy checked by :meth:`check_host_updates`."""
-        raise NotImplementedError(
-            "State.on_hosts_updated is how Horovod's elastic driver announces host changes; "
-            "elastic_hvd has no such driver: joining ranks are found by commit() "
-            "(check_host_updates) through the growth policy")
-
-    def commit(self) -> None:
-        self.save()
-        self.check_host_updates()
 
     def check_host_updates(self) -> None:
         """Failures need nothing here (they are handled inside the collectives); this is
